@@ -1,0 +1,1 @@
+//! Fathom's RLM environment (under construction: see issue 4).
