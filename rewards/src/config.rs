@@ -1,0 +1,436 @@
+//! The `rewards` section of a recipe: a serde type with unknown fields rejected, validated once
+//! into a [`Composite`] (the resolved plan).
+//!
+//! ```ron
+//! rewards: (
+//!     incorrect_cap: Some(0.25),            // None: no cap
+//!     matching: (numeric_tolerance: 1e-9),
+//!     components: [
+//!         FormatGate(weight: 0.1),
+//!         Correctness(weight: 0.7),
+//!         TokenBudget(weight: -0.15, free_tokens: 2048, saturate_tokens: 16384),
+//!         RecursionEfficiency(weight: 0.15, free_calls: 0, max_calls: 10),
+//!         // off by default:
+//!         // StepLevel(weight: 0.2, format_bonus: 0.1, correct_floor: 0.5, search_credit: 0.2,
+//!         //           query_credit: 0.2, search_cap: 8, query_cap: 16, verification_budget: 1),
+//!         // Custom(name: "grounded", weight: 0.2, params: (require_correct: true)),
+//!     ],
+//! )
+//! ```
+//!
+//! Every field except `StepLevel`'s and `Custom`'s `weight` (and `Custom`'s `name`) may be
+//! omitted and takes the default shown; an omitted `components` list is the default composite.
+//! The components are scored and logged in the order listed.
+//!
+//! The trainer's recipe (a later issue) owns the other top-level fields and their validation;
+//! [`rewards_from_recipe`] reads only the `rewards` field of a recipe and ignores the rest.
+
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use thiserror::Error;
+
+use crate::components::{Correctness, FormatGate, RecursionEfficiency, TokenBudget};
+use crate::composite::{Composite, CompositeError};
+use crate::normalize::AnswerMatcher;
+use crate::registry::{Params, RegistryError, RewardRegistry};
+use crate::reward::Reward;
+use crate::step_level::StepLevel;
+
+/// Default cap on the total of incorrect episodes.
+pub const DEFAULT_INCORRECT_CAP: f64 = 0.25;
+
+/// Why a rewards configuration could not be read or validated.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The text is not valid RON for this schema (an unknown field, a wrong type, a syntax
+    /// error); the message has the position and names the field.
+    #[error("rewards recipe: {0}")]
+    Ron(#[from] ron::error::SpannedError),
+    /// The recipe has no top-level `rewards` field.
+    #[error("recipe has no top-level `rewards` field")]
+    MissingRewards,
+    /// A value is out of its allowed range.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// Path of the offending field, e.g. `rewards.components[2].saturate_tokens`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A `Custom` component could not be built.
+    #[error("rewards.components[{index}]: {source}")]
+    Custom {
+        /// Position in `components`.
+        index: usize,
+        /// What went wrong.
+        source: RegistryError,
+    },
+    /// The components do not form a valid composite (e.g. duplicate names).
+    #[error("rewards.components: {0}")]
+    Composite(#[from] CompositeError),
+}
+
+/// The `rewards` section of a recipe.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardsConfig {
+    /// Cap on the total when the answer is not correct (default `Some(0.25)`); `None` disables it.
+    #[serde(default = "default_cap")]
+    pub incorrect_cap: Option<f64>,
+    /// How answers are matched.
+    #[serde(default)]
+    pub matching: AnswerMatcher,
+    /// The weighted components, in scoring and logging order.
+    #[serde(default = "default_components")]
+    pub components: Vec<ComponentConfig>,
+}
+
+fn default_cap() -> Option<f64> {
+    Some(DEFAULT_INCORRECT_CAP)
+}
+
+fn default_components() -> Vec<ComponentConfig> {
+    let budget = TokenBudget::default();
+    let recursion = RecursionEfficiency::default();
+    vec![
+        ComponentConfig::FormatGate { weight: w_format() },
+        ComponentConfig::Correctness { weight: w_correct() },
+        ComponentConfig::TokenBudget {
+            weight: w_budget(),
+            free_tokens: budget.free_tokens,
+            saturate_tokens: budget.saturate_tokens,
+        },
+        ComponentConfig::RecursionEfficiency {
+            weight: w_recursion(),
+            free_calls: recursion.free_calls,
+            max_calls: recursion.max_calls,
+        },
+    ]
+}
+
+impl Default for RewardsConfig {
+    /// DESIGN §5: format gate +0.10, correctness 0.70, token budget −0.15, recursion efficiency
+    /// 0.15, the 0.25 cap on incorrect answers, default matching; step-level off.
+    fn default() -> Self {
+        Self { incorrect_cap: default_cap(), matching: AnswerMatcher::default(), components: default_components() }
+    }
+}
+
+fn w_format() -> f64 {
+    0.10
+}
+fn w_correct() -> f64 {
+    0.70
+}
+fn w_budget() -> f64 {
+    -0.15
+}
+fn w_recursion() -> f64 {
+    0.15
+}
+fn d_free_tokens() -> usize {
+    TokenBudget::default().free_tokens
+}
+fn d_saturate_tokens() -> usize {
+    TokenBudget::default().saturate_tokens
+}
+fn d_free_calls() -> usize {
+    RecursionEfficiency::default().free_calls
+}
+fn d_max_calls() -> usize {
+    RecursionEfficiency::default().max_calls
+}
+fn d_format_bonus() -> f64 {
+    StepLevel::default().format_bonus
+}
+fn d_floor() -> f64 {
+    StepLevel::default().correct_floor
+}
+fn d_credit() -> f64 {
+    StepLevel::default().search_credit
+}
+fn d_search_cap() -> usize {
+    StepLevel::default().search_cap
+}
+fn d_query_cap() -> usize {
+    StepLevel::default().query_cap
+}
+fn d_budget() -> usize {
+    StepLevel::default().verification_budget
+}
+
+/// One component of the `rewards` section. Built-ins are variants; user rewards are `Custom`,
+/// found by name in a [`RewardRegistry`]. See [`crate::components`] and [`crate::step_level`]
+/// for the formulas.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum ComponentConfig {
+    /// [`FormatGate`]; weight must be ≥ 0 (default 0.10).
+    FormatGate {
+        /// Weight in the composite.
+        #[serde(default = "w_format")]
+        weight: f64,
+    },
+    /// [`Correctness`]; weight must be ≥ 0 (default 0.70).
+    Correctness {
+        /// Weight in the composite.
+        #[serde(default = "w_correct")]
+        weight: f64,
+    },
+    /// [`TokenBudget`]; weight must be ≤ 0 (default −0.15).
+    TokenBudget {
+        /// Weight in the composite (the maximum penalty, negative).
+        #[serde(default = "w_budget")]
+        weight: f64,
+        /// Tool tokens that cost nothing (default 2048).
+        #[serde(default = "d_free_tokens")]
+        free_tokens: usize,
+        /// Tool tokens at which the penalty saturates; > `free_tokens` (default 16384).
+        #[serde(default = "d_saturate_tokens")]
+        saturate_tokens: usize,
+    },
+    /// [`RecursionEfficiency`]; weight must be ≥ 0 (default 0.15).
+    RecursionEfficiency {
+        /// Weight in the composite.
+        #[serde(default = "w_recursion")]
+        weight: f64,
+        /// `llm()` calls that cost nothing (default 0).
+        #[serde(default = "d_free_calls")]
+        free_calls: usize,
+        /// Calls at which the bonus reaches zero; > `free_calls` (default 10).
+        #[serde(default = "d_max_calls")]
+        max_calls: usize,
+    },
+    /// [`StepLevel`] (RAPO); weight must be ≥ 0 and given.
+    StepLevel {
+        /// Weight in the composite.
+        weight: f64,
+        /// `b` (default 0.1).
+        #[serde(default = "d_format_bonus")]
+        format_bonus: f64,
+        /// `floor`, in `[0, 1]` (default 0.5).
+        #[serde(default = "d_floor")]
+        correct_floor: f64,
+        /// `c_S` (default 0.2).
+        #[serde(default = "d_credit")]
+        search_credit: f64,
+        /// `c_Q` (default 0.2).
+        #[serde(default = "d_credit")]
+        query_credit: f64,
+        /// `C_S`, ≥ 1 (default 8).
+        #[serde(default = "d_search_cap")]
+        search_cap: usize,
+        /// `C_Q`, ≥ 1 (default 16).
+        #[serde(default = "d_query_cap")]
+        query_cap: usize,
+        /// `B_v` (default 1).
+        #[serde(default = "d_budget")]
+        verification_budget: usize,
+    },
+    /// A reward from the registry.
+    Custom {
+        /// The name it was registered under; also its key in logs.
+        name: String,
+        /// Weight in the composite (any finite value).
+        weight: f64,
+        /// Its parameters, parsed by its factory (default: empty).
+        #[serde(default)]
+        params: Params,
+    },
+}
+
+impl RewardsConfig {
+    /// Parses a standalone `rewards` section, e.g. `(components: [Correctness()])`.
+    ///
+    /// ```
+    /// use fathom_rewards::config::RewardsConfig;
+    /// let config = RewardsConfig::from_ron("(components: [Correctness(weight: 1.0)])").unwrap();
+    /// assert_eq!(config.components.len(), 1);
+    /// let err = RewardsConfig::from_ron("(components: [Correctness(wieght: 1.0)])").unwrap_err();
+    /// assert!(err.to_string().contains("wieght"));
+    /// ```
+    pub fn from_ron(text: &str) -> Result<Self, ConfigError> {
+        Ok(ron::from_str(text)?)
+    }
+
+    /// Validates the configuration into a composite, building custom rewards from `registry`.
+    ///
+    /// ```
+    /// use fathom_rewards::config::RewardsConfig;
+    /// use fathom_rewards::registry::RewardRegistry;
+    ///
+    /// let bad = RewardsConfig::from_ron("(components: [TokenBudget(free_tokens: 10, saturate_tokens: 5)])")
+    ///     .unwrap()
+    ///     .build(&RewardRegistry::new())
+    ///     .unwrap_err();
+    /// assert!(bad.to_string().starts_with("rewards.components[0].saturate_tokens"));
+    /// ```
+    pub fn build(&self, registry: &RewardRegistry) -> Result<Composite, ConfigError> {
+        if let Some(cap) = self.incorrect_cap
+            && !cap.is_finite()
+        {
+            return Err(invalid("rewards.incorrect_cap", format!("must be finite, got {cap}")));
+        }
+        let tol = self.matching.numeric_tolerance;
+        if !(tol.is_finite() && (0.0..1.0).contains(&tol)) {
+            return Err(invalid("rewards.matching.numeric_tolerance", format!("must be in [0, 1), got {tol}")));
+        }
+        if self.components.is_empty() {
+            return Err(invalid("rewards.components", "must list at least one component".to_owned()));
+        }
+        let mut built: Vec<(f64, Box<dyn Reward>)> = Vec::with_capacity(self.components.len());
+        for (index, component) in self.components.iter().enumerate() {
+            built.push(build_component(index, component, registry)?);
+        }
+        Ok(Composite::new(built, self.incorrect_cap, self.matching.clone())?)
+    }
+}
+
+fn invalid(field: &str, message: String) -> ConfigError {
+    ConfigError::Invalid { field: field.to_owned(), message }
+}
+
+fn build_component(
+    index: usize,
+    component: &ComponentConfig,
+    registry: &RewardRegistry,
+) -> Result<(f64, Box<dyn Reward>), ConfigError> {
+    let path = |field: &str| format!("rewards.components[{index}].{field}");
+    let weight_sign = |weight: f64, positive: bool| -> Result<(), ConfigError> {
+        let ok = weight.is_finite() && if positive { weight >= 0.0 } else { weight <= 0.0 };
+        if ok {
+            Ok(())
+        } else {
+            let want = if positive { "a finite number ≥ 0" } else { "a finite number ≤ 0 (it is a penalty)" };
+            Err(invalid(&path("weight"), format!("must be {want}, got {weight}")))
+        }
+    };
+    let non_negative = |field: &str, value: f64| -> Result<(), ConfigError> {
+        if value.is_finite() && value >= 0.0 {
+            Ok(())
+        } else {
+            Err(invalid(&path(field), format!("must be a finite number ≥ 0, got {value}")))
+        }
+    };
+    Ok(match component {
+        ComponentConfig::FormatGate { weight } => {
+            weight_sign(*weight, true)?;
+            (*weight, Box::new(FormatGate))
+        }
+        ComponentConfig::Correctness { weight } => {
+            weight_sign(*weight, true)?;
+            (*weight, Box::new(Correctness))
+        }
+        ComponentConfig::TokenBudget { weight, free_tokens, saturate_tokens } => {
+            weight_sign(*weight, false)?;
+            if saturate_tokens <= free_tokens {
+                return Err(invalid(
+                    &path("saturate_tokens"),
+                    format!("must be greater than free_tokens ({free_tokens}), got {saturate_tokens}"),
+                ));
+            }
+            (*weight, Box::new(TokenBudget { free_tokens: *free_tokens, saturate_tokens: *saturate_tokens }))
+        }
+        ComponentConfig::RecursionEfficiency { weight, free_calls, max_calls } => {
+            weight_sign(*weight, true)?;
+            if max_calls <= free_calls {
+                return Err(invalid(
+                    &path("max_calls"),
+                    format!("must be greater than free_calls ({free_calls}), got {max_calls}"),
+                ));
+            }
+            (*weight, Box::new(RecursionEfficiency { free_calls: *free_calls, max_calls: *max_calls }))
+        }
+        ComponentConfig::StepLevel {
+            weight,
+            format_bonus,
+            correct_floor,
+            search_credit,
+            query_credit,
+            search_cap,
+            query_cap,
+            verification_budget,
+        } => {
+            weight_sign(*weight, true)?;
+            non_negative("format_bonus", *format_bonus)?;
+            non_negative("search_credit", *search_credit)?;
+            non_negative("query_credit", *query_credit)?;
+            if !(0.0..=1.0).contains(correct_floor) {
+                return Err(invalid(&path("correct_floor"), format!("must be in [0, 1], got {correct_floor}")));
+            }
+            for (field, cap) in [("search_cap", search_cap), ("query_cap", query_cap)] {
+                if *cap == 0 {
+                    return Err(invalid(&path(field), "must be at least 1, got 0".to_owned()));
+                }
+            }
+            let step = StepLevel {
+                format_bonus: *format_bonus,
+                correct_floor: *correct_floor,
+                search_credit: *search_credit,
+                query_credit: *query_credit,
+                search_cap: *search_cap,
+                query_cap: *query_cap,
+                verification_budget: *verification_budget,
+            };
+            (*weight, Box::new(step))
+        }
+        ComponentConfig::Custom { name, weight, params } => {
+            if !weight.is_finite() {
+                return Err(invalid(&path("weight"), format!("must be finite, got {weight}")));
+            }
+            let reward =
+                registry.build(name, params).map_err(|source| ConfigError::Custom { index, source })?;
+            (*weight, reward)
+        }
+    })
+}
+
+/// Reads the `rewards` field of a whole recipe, ignoring every other top-level field (the
+/// trainer's recipe owns and validates those). The recipe may be a named or unnamed RON struct.
+///
+/// ```
+/// use fathom_rewards::config::rewards_from_recipe;
+/// let recipe = r#"Recipe(model: "qwen", rewards: (components: [Correctness()]), steps: 10)"#;
+/// assert_eq!(rewards_from_recipe(recipe).unwrap().components.len(), 1);
+/// assert!(rewards_from_recipe("(model: \"qwen\")").unwrap_err().to_string().contains("`rewards`"));
+/// ```
+pub fn rewards_from_recipe(text: &str) -> Result<RewardsConfig, ConfigError> {
+    let view: RecipeView = ron::from_str(text)?;
+    view.rewards.ok_or(ConfigError::MissingRewards)
+}
+
+/// A recipe seen only through its `rewards` field.
+struct RecipeView {
+    rewards: Option<RewardsConfig>,
+}
+
+impl<'de> Deserialize<'de> for RecipeView {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ViewVisitor;
+
+        impl<'de> Visitor<'de> for ViewVisitor {
+            type Value = RecipeView;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a recipe struct with a `rewards` field")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RecipeView, A::Error> {
+                let mut rewards = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "rewards" {
+                        if rewards.is_some() {
+                            return Err(de::Error::duplicate_field("rewards"));
+                        }
+                        rewards = Some(map.next_value::<RewardsConfig>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(RecipeView { rewards })
+            }
+        }
+
+        deserializer.deserialize_any(ViewVisitor)
+    }
+}
