@@ -1,1 +1,3 @@
-//! Fathom's RLM environment (under construction: see issue 4).
+//! Fathom's RLM environment.
+
+pub mod sandbox;
