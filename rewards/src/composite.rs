@@ -333,3 +333,112 @@ impl serde::Serialize for Breakdown<'_> {
         map.end()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::components::{Correctness, FormatGate};
+    use crate::fixture::{TrajectoryBuilder, task};
+    use crate::record::Family;
+
+    struct Fixed(&'static str, f64);
+    impl Reward for Fixed {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn score(&self, _: &Episode<'_>) -> f64 {
+            self.1
+        }
+    }
+
+    fn episode(answer: &str) -> (Task, Trajectory) {
+        let task = task("t", Family::Needle, "k=Paris", "k?", "Paris");
+        let traj = TrajectoryBuilder::new("t").answer(answer).build();
+        (task, traj)
+    }
+
+    fn composite(extra: f64, cap: Option<f64>) -> Composite {
+        Composite::new(
+            vec![(0.1, Box::new(FormatGate)), (0.7, Box::new(Correctness)), (0.5, Box::new(Fixed("extra", extra)))],
+            cap,
+            AnswerMatcher::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn cap_lowers_only_incorrect_totals() {
+        let (task, wrong) = episode("<answer>Lyon</answer>");
+        let capped = composite(1.0, Some(0.25));
+        let uncapped = composite(1.0, None);
+        let b = capped.score(&task, &wrong).unwrap();
+        assert!((b.sum - 0.6).abs() < 1e-12);
+        assert_eq!((b.total, b.capped, b.correct), (0.25, true, false));
+
+        let (task, right) = episode("<answer>Paris</answer>");
+        let b = capped.score(&task, &right).unwrap();
+        assert!((b.total - 1.3).abs() < 1e-12 && !b.capped && b.correct);
+
+        let b = uncapped.score(&task, &wrong).unwrap();
+        assert!((b.total - 0.6).abs() < 1e-12 && !b.capped);
+
+        // The cap never raises a total that is already below it.
+        let zero = composite(0.0, Some(0.25));
+        let b = zero.score(&task, &wrong).unwrap();
+        assert!((b.total - 0.1).abs() < 1e-12 && !b.capped);
+    }
+
+    #[test]
+    fn out_of_range_and_non_finite_values_are_errors() {
+        let (task, traj) = episode("<answer>Paris</answer>");
+        for bad in [1.5, -0.1, f64::NAN, f64::INFINITY] {
+            let err = composite(bad, Some(0.25)).score(&task, &traj).unwrap_err();
+            assert!(matches!(&err, ScoreError::OutOfRange { component, .. } if component == "extra"), "{err}");
+        }
+    }
+
+    #[test]
+    fn mismatched_task_is_an_error() {
+        let (task, _) = episode("");
+        let other = TrajectoryBuilder::new("u").answer("<answer>Paris</answer>").build();
+        let err = Composite::default().score(&task, &other).unwrap_err();
+        assert_eq!(err.to_string(), "trajectory.task_id is \"u\" but task.id is \"t\"");
+    }
+
+    #[test]
+    fn score_into_checks_the_buffer_and_matches_score() {
+        let (task, traj) = episode("<answer>Paris</answer>");
+        let c = Composite::default();
+        let mut short = [0.0; 2];
+        assert!(matches!(c.score_into(&task, &traj, &mut short), Err(ScoreError::BufferLength { expected: 4, got: 2 })));
+        let mut values = [0.0; 4];
+        let totals = c.score_into(&task, &traj, &mut values).unwrap();
+        let b = c.score(&task, &traj).unwrap();
+        assert_eq!(totals.total, b.total);
+        assert_eq!(values.to_vec(), b.components.iter().map(|c| c.value).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn construction_rejects_duplicates_and_bad_numbers() {
+        let m = AnswerMatcher::default;
+        let dup = Composite::new(vec![(1.0, Box::new(Correctness)), (1.0, Box::new(Correctness))], None, m());
+        assert_eq!(dup.unwrap_err(), CompositeError::DuplicateName("correctness".into()));
+        let nan = Composite::new(vec![(f64::NAN, Box::new(Correctness))], None, m());
+        assert!(matches!(nan, Err(CompositeError::NonFiniteWeight { .. })));
+        let cap = Composite::new(vec![(1.0, Box::new(Correctness))], Some(f64::NAN), m());
+        assert!(matches!(cap, Err(CompositeError::NonFiniteCap(_))));
+    }
+
+    #[test]
+    fn json_keeps_component_order() {
+        let (task, traj) = episode("<answer>Paris</answer>");
+        let c = composite(0.5, Some(0.25));
+        let json = serde_json::to_string(&c.score(&task, &traj).unwrap()).unwrap();
+        let rest = json.split_once(',').unwrap().1;
+        assert!(json.starts_with(r#"{"total":1.04"#), "{json}");
+        assert_eq!(
+            rest,
+            r#""components":{"format_gate":1.0,"correctness":1.0,"extra":0.5},"weights":{"format_gate":0.1,"correctness":0.7,"extra":0.5},"correct":true,"capped":false}"#
+        );
+    }
+}

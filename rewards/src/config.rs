@@ -74,8 +74,9 @@ pub enum ConfigError {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RewardsConfig {
-    /// Cap on the total when the answer is not correct (default `Some(0.25)`); `None` disables it.
-    #[serde(default = "default_cap")]
+    /// Cap on the total when the answer is not correct (default `Some(0.25)`); `None` disables
+    /// it. A bare number (`incorrect_cap: 0.3`) is read as `Some(0.3)`.
+    #[serde(default = "default_cap", deserialize_with = "cap_setting")]
     pub incorrect_cap: Option<f64>,
     /// How answers are matched.
     #[serde(default)]
@@ -87,6 +88,39 @@ pub struct RewardsConfig {
 
 fn default_cap() -> Option<f64> {
     Some(DEFAULT_INCORRECT_CAP)
+}
+
+/// Reads `Some(x)`, `None` or a bare number `x`.
+fn cap_setting<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    struct CapVisitor;
+
+    impl<'de> Visitor<'de> for CapVisitor {
+        type Value = Option<f64>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a number, Some(number) or None")
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(Some(v as f64))
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v as f64))
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            f64::deserialize(d).map(Some)
+        }
+    }
+
+    deserializer.deserialize_any(CapVisitor)
 }
 
 fn default_components() -> Vec<ComponentConfig> {
@@ -432,5 +466,137 @@ impl<'de> Deserialize<'de> for RecipeView {
         }
 
         deserializer.deserialize_any(ViewVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reward::{Episode, ValueRange};
+
+    fn err(text: &str) -> String {
+        match RewardsConfig::from_ron(text).and_then(|c| c.build(&RewardRegistry::new())) {
+            Ok(_) => panic!("{text} should be rejected"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn default_config_round_trips_through_ron() {
+        let text = ron::ser::to_string_pretty(&RewardsConfig::default(), Default::default()).unwrap();
+        assert_eq!(RewardsConfig::from_ron(&text).unwrap(), RewardsConfig::default());
+        assert_eq!(RewardsConfig::from_ron("()").unwrap(), RewardsConfig::default());
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_with_their_name() {
+        for (text, field) in [
+            ("(component: [])", "component"),
+            ("(matching: (tolerance: 0.1))", "tolerance"),
+            ("(components: [FormatGate(wieght: 0.1)])", "wieght"),
+            ("(components: [TokenBudget(free: 10)])", "free"),
+            ("(components: [RecursionEfficiency(max: 3)])", "max"),
+            ("(components: [StepLevel(weight: 1.0, c1: 0.2)])", "c1"),
+            ("(components: [Custom(name: \"x\", weight: 1.0, parms: ())])", "parms"),
+            ("(components: [Grounded(weight: 1.0)])", "Grounded"),
+        ] {
+            let message = err(text);
+            assert!(message.contains(field), "{text}: {message}");
+        }
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        for (text, field) in [
+            ("(incorrect_cap: Some(inf))", "rewards.incorrect_cap"),
+            ("(matching: (numeric_tolerance: -1.0))", "rewards.matching.numeric_tolerance"),
+            ("(components: [])", "rewards.components"),
+            ("(components: [Correctness(weight: -0.7)])", "rewards.components[0].weight"),
+            ("(components: [FormatGate(), TokenBudget(weight: 0.15)])", "rewards.components[1].weight"),
+            ("(components: [RecursionEfficiency(free_calls: 4, max_calls: 4)])", "rewards.components[0].max_calls"),
+            ("(components: [StepLevel(weight: 1.0, correct_floor: 1.5)])", "rewards.components[0].correct_floor"),
+            ("(components: [StepLevel(weight: 1.0, query_cap: 0)])", "rewards.components[0].query_cap"),
+            ("(components: [StepLevel(weight: 1.0, search_credit: -0.2)])", "rewards.components[0].search_credit"),
+            ("(components: [Correctness(), Correctness()])", "\"correctness\""),
+            ("(components: [Custom(name: \"grounded\", weight: 1.0)])", "no custom reward named \"grounded\""),
+        ] {
+            let message = err(text);
+            assert!(message.contains(field), "{text}: {message}");
+        }
+    }
+
+    #[test]
+    fn step_level_requires_a_weight() {
+        assert!(err("(components: [StepLevel()])").contains("weight"));
+    }
+
+    struct Constant(f64);
+    impl Reward for Constant {
+        fn name(&self) -> &str {
+            "constant"
+        }
+        fn range(&self) -> ValueRange {
+            ValueRange { min: -10.0, max: 10.0 }
+        }
+        fn score(&self, _: &Episode<'_>) -> f64 {
+            self.0
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ConstantParams {
+        value: f64,
+    }
+
+    fn registry() -> RewardRegistry {
+        let mut registry = RewardRegistry::new();
+        registry
+            .register("constant", |p: &Params| {
+                let ConstantParams { value } = p.parse()?;
+                Ok(Box::new(Constant(value)) as Box<dyn Reward>)
+            })
+            .unwrap();
+        registry
+    }
+
+    #[test]
+    fn custom_components_are_built_from_the_registry() {
+        let config = RewardsConfig::from_ron(
+            "(components: [Correctness(), Custom(name: \"constant\", weight: 0.5, params: (value: 2.0))])",
+        )
+        .unwrap();
+        let composite = config.build(&registry()).unwrap();
+        assert_eq!(composite.names().collect::<Vec<_>>(), ["correctness", "constant"]);
+        assert_eq!(composite.weights().collect::<Vec<_>>(), [0.7, 0.5]);
+    }
+
+    #[test]
+    fn custom_params_errors_name_the_component_and_field() {
+        let config = RewardsConfig::from_ron(
+            "(components: [Correctness(), Custom(name: \"constant\", weight: 0.5, params: (valu: 2.0))])",
+        )
+        .unwrap();
+        let message = config.build(&registry()).unwrap_err().to_string();
+        assert!(message.contains("rewards.components[1]"), "{message}");
+        assert!(message.contains("constant") && message.contains("valu"), "{message}");
+    }
+
+    #[test]
+    fn recipe_extraction_ignores_other_fields_and_reports_positions() {
+        let recipe = "#![enable(implicit_some)]\n(\n  model: (path: \"m\", lora: (r: 16)),\n  rewards: (incorrect_cap: 0.3),\n)";
+        assert_eq!(rewards_from_recipe(recipe).unwrap().incorrect_cap, Some(0.3));
+        for (cap, want) in [("Some(0.5)", Some(0.5)), ("None", None), ("1", Some(1.0)), ("0.2", Some(0.2))] {
+            let recipe = format!("(rewards: (incorrect_cap: {cap}))");
+            assert_eq!(rewards_from_recipe(&recipe).unwrap().incorrect_cap, want, "{cap}");
+        }
+        assert!(rewards_from_recipe("(rewards: (incorrect_cap: \"high\"))").is_err());
+        let broken = "(\n  steps: 3,\n  rewards: (components: [TokenBudget(free_tokens: \"many\")]),\n)";
+        let message = rewards_from_recipe(broken).unwrap_err().to_string();
+        assert!(message.contains("3:"), "{message}");
+        assert!(matches!(rewards_from_recipe("(steps: 3)"), Err(ConfigError::MissingRewards)));
+        assert!(rewards_from_recipe("(rewards: (), rewards: ())").unwrap_err().to_string().contains("rewards"));
+        assert!(rewards_from_recipe("not ron at all {").is_err());
+        assert!(rewards_from_recipe("[1, 2]").is_err());
     }
 }

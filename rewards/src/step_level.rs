@@ -395,6 +395,112 @@ impl Reward for StepLevel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixture::{TrajectoryBuilder, task};
+    use crate::normalize::AnswerMatcher;
+    use crate::record::{Family, Task, Trajectory};
+
+    const DOC: &str = "filler filler key 7 = Paris filler filler";
+
+    fn classes(task: &Task, traj: &Trajectory) -> Vec<CallClass> {
+        let ep = Episode::new(task, traj, &AnswerMatcher::default());
+        classify(&ep, 1).into_iter().map(|c| c.class).collect()
+    }
+
+    fn score(task: &Task, traj: &Trajectory) -> f64 {
+        StepLevel::default().score(&Episode::new(task, traj, &AnswerMatcher::default()))
+    }
+
+    #[test]
+    fn masked_trajectory_earns_no_exploration_credit() {
+        let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
+        let mut b = TrajectoryBuilder::new("t");
+        for i in 0..20 {
+            b = b.code(&format!("print({i})"), "x").llm(&format!("guess {i}"), "Lyon");
+        }
+        let traj = b.answer("<answer>Lyon</answer>").build();
+        assert!(classes(&task, &traj).iter().all(|c| matches!(c, CallClass::Compute | CallClass::Query)));
+        assert!((score(&task, &traj) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn wrong_answers_earn_capped_exploration_credit() {
+        let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
+        let mut b = TrajectoryBuilder::new("t");
+        for i in 0..40 {
+            b = b.code(&format!("search {i}"), "").search(&format!("p{i}"), 0, 40);
+            b = b.code(&format!("read {i}"), "").slice(i, i + 1);
+        }
+        let traj = b.answer("<answer>Lyon</answer>").build();
+        assert!((score(&task, &traj) - 0.5).abs() < 1e-12, "{}", score(&task, &traj));
+        let half = TrajectoryBuilder::new("t")
+            .code("a", "").search("p", 0, 40)
+            .code("b", "").search("q", 0, 40)
+            .code("c", "").slice(0, 4)
+            .answer("<answer>Lyon</answer>")
+            .build();
+        // 0.1 + 0.2·(2/8) + 0.2·(1/16)
+        assert!((score(&task, &half) - (0.1 + 0.05 + 0.0125)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn correct_answers_score_by_redundancy_with_a_floor() {
+        let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
+        let direct = TrajectoryBuilder::new("t").answer("<answer>Paris</answer>").build();
+        assert!((score(&task, &direct) - 1.1).abs() < 1e-12);
+        let one_of_four = TrajectoryBuilder::new("t")
+            .code("a", "").find("key 7", 0, 40)
+            .code("b", "").find("key 7", 0, 40)
+            .code("c", "key 7 = Paris").slice(16, 27)
+            .code("d", "").slice(0, 3)
+            .answer("<answer>Paris</answer>")
+            .build();
+        assert!((score(&task, &one_of_four) - (0.1 + 0.75)).abs() < 1e-12);
+        let unformatted = TrajectoryBuilder::new("t").answer("<answer>Paris").build();
+        assert_eq!(score(&task, &unformatted), 0.0);
+    }
+
+    #[test]
+    fn verification_needs_the_answer_first_and_respects_the_budget() {
+        let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
+        let traj = TrajectoryBuilder::new("t")
+            .code("a", "").slice(0, 10)
+            .code("b", "").slice(0, 10)
+            .code("c", "key 7 = Paris").slice(16, 27)
+            .code("d", "").slice(18, 25)
+            .code("e", "").slice(16, 20)
+            .answer("<answer>Paris</answer>")
+            .build();
+        assert_eq!(
+            classes(&task, &traj),
+            [
+                CallClass::Exploration,
+                CallClass::RedundantSearch,
+                CallClass::Exploration,
+                CallClass::Verification,
+                CallClass::RedundantSearch,
+            ]
+        );
+    }
+
+    #[test]
+    fn evidence_spans_count_as_the_answer_span_for_correct_answers() {
+        let mut task = task("t", Family::Needle, DOC, "key 7?", "Paris");
+        task.evidence = vec![Span { start: 16, end: 27 }];
+        // The answer never appears in an output (it came from an llm() response), but the
+        // evidence was read, so re-reading it later is a verification.
+        let traj = TrajectoryBuilder::new("t")
+            .code("a", "").slice(10, 30).llm("what is key 7?", "Paris")
+            .code("b", "").slice(16, 27)
+            .answer("<answer>Paris</answer>")
+            .build();
+        assert_eq!(classes(&task, &traj), [CallClass::Exploration, CallClass::Query, CallClass::Verification]);
+        let wrong = TrajectoryBuilder::new("t")
+            .code("a", "").slice(10, 30)
+            .code("b", "").slice(16, 27)
+            .answer("<answer>Lyon</answer>")
+            .build();
+        assert_eq!(classes(&task, &wrong), [CallClass::Exploration, CallClass::RedundantSearch]);
+    }
 
     #[test]
     fn coverage_detects_new_regions() {
