@@ -19,10 +19,11 @@ use crate::reward::Reward;
 pub const BUILT_IN_NAMES: [&str; 5] =
     ["format_gate", "correctness", "token_budget", "recursion_efficiency", "step_level"];
 
-/// The `params` of a `Custom(…)` component: any RON value, parsed by the reward's factory.
+/// The `params` of a `Custom(…)` component: kept as the recipe's RON text, and parsed by the
+/// reward's factory into its own parameter type — so params can use all of RON, enums
+/// included (`mode: strict`, `{multi_hop: 1.5}`).
 ///
-/// Omitted params (or `()`) read as an empty struct, so a parameter struct whose fields all have
-/// defaults parses from nothing.
+/// Omitted params read as `()`, which parses as a struct whose fields all have defaults.
 ///
 /// ```
 /// use fathom_rewards::registry::Params;
@@ -37,40 +38,37 @@ pub const BUILT_IN_NAMES: [&str; 5] =
 /// let err = Params::from_ron("(min_chars: 3, typo: 1)").unwrap().parse::<Grounding>().unwrap_err();
 /// assert!(err.to_string().contains("typo"));
 /// ```
-#[derive(Clone, Debug, PartialEq)]
-pub struct Params(ron::Value);
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Params(Box<ron::value::RawValue>);
 
 impl Default for Params {
     fn default() -> Self {
-        Self(ron::Value::Map(ron::Map::new()))
+        Self::from_ron("()").expect("`()` is valid RON")
     }
 }
 
 impl Params {
-    /// Parses params from RON text.
+    /// Parses params from RON text (checked to be one well-formed RON value).
     pub fn from_ron(text: &str) -> Result<Self, ParamsError> {
-        ron::from_str::<ron::Value>(text).map(Self).map_err(|e| ParamsError::new(e.to_string()))
+        ron::value::RawValue::from_boxed_ron(text.into()).map(Self).map_err(|e| ParamsError::new(e.to_string()))
     }
 
-    /// The raw value.
-    pub fn value(&self) -> &ron::Value {
-        &self.0
+    /// The params' RON text, as written in the recipe.
+    pub fn as_ron(&self) -> &str {
+        self.0.get_ron()
     }
 
     /// Deserialises the params into the reward's own parameter type; unknown fields are
-    /// rejected by types that use `#[serde(deny_unknown_fields)]`, with the field's name.
+    /// rejected by types that use `#[serde(deny_unknown_fields)]`, with the field's name and
+    /// its position within the params.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ParamsError> {
-        let value = match &self.0 {
-            ron::Value::Unit => ron::Value::Map(ron::Map::new()),
-            other => other.clone(),
-        };
-        value.into_rust().map_err(|e| ParamsError::new(e.to_string()))
+        self.0.into_rust().map_err(|e| ParamsError::new(e.to_string()))
     }
 }
 
 impl<'de> Deserialize<'de> for Params {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        ron::Value::deserialize(deserializer).map(Self)
+        Box::<ron::value::RawValue>::deserialize(deserializer).map(Self)
     }
 }
 
