@@ -10,7 +10,7 @@ use std::process::Command;
 fn main() {
     pyo3_build_config::add_libpython_rpath_link_args();
     let config = pyo3_build_config::get();
-    let executable = config.executable.clone().unwrap_or_else(|| "python3".into());
+    let executable = config.executable().map(str::to_string).unwrap_or_else(|| "python3".into());
     let output = Command::new(&executable)
         .args(["-I", "-c", "import sys; print(sys.base_prefix, end='')"])
         .output();
