@@ -1,0 +1,327 @@
+//! `config.json` of a Hugging Face Qwen2 checkpoint, as a serde mirror with upstream field names.
+//!
+//! Unknown fields are ignored (Hugging Face adds new ones every release); missing required
+//! fields are reported by name. Both spellings of the RoPE base are accepted: the top-level
+//! `rope_theta` of transformers 4 and `rope_parameters.rope_theta` of transformers 5.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, Result};
+
+/// The Qwen2 architecture hyper-parameters, named as in `transformers`' `Qwen2Config`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Qwen2Config {
+    /// Size of the vocabulary (rows of `embed_tokens` and `lm_head`).
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the MLP's hidden layer.
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_hidden_layers: usize,
+    /// Number of query heads.
+    pub num_attention_heads: usize,
+    /// Number of key/value heads (grouped-query attention); defaults to the query heads.
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    /// Longest sequence the model was trained for.
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// RoPE base (transformers 4 spelling).
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// RoPE parameters (transformers 5 spelling).
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
+    /// Legacy RoPE scaling block; only `null` or the default type is supported.
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// Whether `lm_head` shares the embedding matrix.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Activation of the MLP; Qwen2 uses `silu`.
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// Whether sliding-window attention is on (not supported).
+    #[serde(default)]
+    pub use_sliding_window: bool,
+    /// Beginning-of-sequence token id.
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token id(s).
+    #[serde(default)]
+    pub eos_token_id: Option<TokenIds>,
+    /// The `model_type` string; `qwen2` for every Qwen2 and Qwen2.5 checkpoint.
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// bitsandbytes quantization settings of a 4-bit checkpoint.
+    #[serde(default)]
+    pub quantization_config: Option<QuantizationConfig>,
+}
+
+/// One token id or a list of them, as `eos_token_id` may be either.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    /// A single id.
+    One(u32),
+    /// Several ids.
+    Many(Vec<u32>),
+}
+
+impl TokenIds {
+    /// The ids as a list.
+    pub fn to_vec(&self) -> Vec<u32> {
+        match self {
+            TokenIds::One(id) => vec![*id],
+            TokenIds::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+/// transformers 5's `rope_parameters` block.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RopeParameters {
+    /// RoPE base.
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// Scaling type; only `default` is supported.
+    #[serde(default)]
+    pub rope_type: Option<String>,
+}
+
+/// The `quantization_config` block `transformers` writes for bitsandbytes 4-bit checkpoints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuantizationConfig {
+    /// `bitsandbytes` for the checkpoints this crate reads.
+    #[serde(default)]
+    pub quant_method: Option<String>,
+    /// Whether weights are 4-bit.
+    #[serde(default)]
+    pub load_in_4bit: bool,
+    /// Whether weights are 8-bit (not supported).
+    #[serde(default)]
+    pub load_in_8bit: bool,
+    /// `nf4` or `fp4`; only `nf4` is supported.
+    #[serde(default)]
+    pub bnb_4bit_quant_type: Option<String>,
+    /// Whether absmax is itself quantized.
+    #[serde(default)]
+    pub bnb_4bit_use_double_quant: bool,
+    /// Modules left unquantized.
+    #[serde(default)]
+    pub llm_int8_skip_modules: Option<Vec<String>>,
+}
+
+fn default_max_positions() -> usize {
+    32768
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl Qwen2Config {
+    /// Reads and validates `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let config: Qwen2Config = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        config.validate().map_err(|message| ModelError::Config {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    /// Checks the hyper-parameters are consistent and supported; returns what is wrong.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if let Some(kind) = &self.model_type {
+            if kind != "qwen2" {
+                return Err(format!("model_type is `{kind}`, only `qwen2` is supported"));
+            }
+        }
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_kv_heads()),
+        ] {
+            if value == 0 {
+                return Err(format!("`{name}` must be positive"));
+            }
+        }
+        if self.hidden_size % self.num_attention_heads != 0 {
+            return Err(format!(
+                "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if self.num_attention_heads % self.num_kv_heads() != 0 {
+            return Err(format!(
+                "`num_attention_heads` {} is not a multiple of `num_key_value_heads` {}",
+                self.num_attention_heads,
+                self.num_kv_heads()
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(format!("head dimension {} must be even for RoPE", self.head_dim()));
+        }
+        if self.hidden_act != "silu" {
+            return Err(format!("`hidden_act` is `{}`, only `silu` is supported", self.hidden_act));
+        }
+        if self.use_sliding_window {
+            return Err("`use_sliding_window` is true; sliding-window attention is not supported".into());
+        }
+        if let Some(scaling) = &self.rope_scaling {
+            let default = scaling.is_null()
+                || scaling.get("rope_type").and_then(|t| t.as_str()) == Some("default")
+                || scaling.get("type").and_then(|t| t.as_str()) == Some("default");
+            if !default {
+                return Err(format!("`rope_scaling` {scaling} is not supported"));
+            }
+        }
+        if let Some(kind) = self.rope_parameters.as_ref().and_then(|p| p.rope_type.as_deref()) {
+            if kind != "default" {
+                return Err(format!("`rope_parameters.rope_type` `{kind}` is not supported"));
+            }
+        }
+        if !(self.rope_base() > 0.0) {
+            return Err(format!("RoPE base {} must be positive", self.rope_base()));
+        }
+        if let Some(q) = &self.quantization_config {
+            if q.load_in_8bit {
+                return Err("8-bit bitsandbytes checkpoints are not supported (only NF4)".into());
+            }
+            if let Some(kind) = &q.bnb_4bit_quant_type {
+                if kind != "nf4" {
+                    return Err(format!("`bnb_4bit_quant_type` `{kind}` is not supported (only nf4)"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of key/value heads.
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// The RoPE base, from whichever spelling the file used (10000 when absent).
+    pub fn rope_base(&self) -> f64 {
+        self.rope_parameters
+            .as_ref()
+            .and_then(|p| p.rope_theta)
+            .or(self.rope_theta)
+            .unwrap_or(10000.0)
+    }
+
+    /// End-of-sequence ids named by the config.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos_token_id.as_ref().map(TokenIds::to_vec).unwrap_or_default()
+    }
+
+    /// A config with the given shape and Qwen2 defaults, for randomly initialised models.
+    pub fn with_shape(
+        vocab_size: usize,
+        hidden_size: usize,
+        intermediate_size: usize,
+        num_hidden_layers: usize,
+        num_attention_heads: usize,
+        num_key_value_heads: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads: Some(num_key_value_heads),
+            max_position_embeddings: 32768,
+            rms_norm_eps: 1e-6,
+            rope_theta: Some(1_000_000.0),
+            rope_parameters: None,
+            rope_scaling: None,
+            tie_word_embeddings: true,
+            hidden_act: "silu".into(),
+            use_sliding_window: false,
+            bos_token_id: None,
+            eos_token_id: None,
+            model_type: Some("qwen2".into()),
+            quantization_config: None,
+        }
+    }
+
+    /// The shape of Qwen2.5-Coder-1.5B (and Qwen2.5-1.5B): 28 layers, hidden 1536, 12 heads,
+    /// 2 KV heads, intermediate 8960, vocab 151936, tied embeddings.
+    pub fn qwen2_5_1_5b() -> Self {
+        Self::with_shape(151_936, 1536, 8960, 28, 12, 2)
+    }
+
+    /// The shape of Qwen2.5-0.5B: 24 layers, hidden 896, 14 heads, 2 KV heads,
+    /// intermediate 4864, vocab 151936, tied embeddings.
+    pub fn qwen2_5_0_5b() -> Self {
+        Self::with_shape(151_936, 896, 4864, 24, 14, 2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> std::result::Result<Qwen2Config, String> {
+        let c: Qwen2Config = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    const BASE: &str = r#""vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2"#;
+
+    #[test]
+    fn missing_field_is_named() {
+        let err = parse(r#"{"vocab_size": 10}"#).unwrap_err();
+        assert!(err.contains("hidden_size"), "{err}");
+    }
+
+    #[test]
+    fn rope_theta_in_either_place() {
+        let a = parse(&format!("{{{BASE}, \"rope_theta\": 5.0}}")).unwrap();
+        assert_eq!(a.rope_base(), 5.0);
+        let b = parse(&format!("{{{BASE}, \"rope_parameters\": {{\"rope_theta\": 7.0, \"rope_type\": \"default\"}}}}")).unwrap();
+        assert_eq!(b.rope_base(), 7.0);
+    }
+
+    #[test]
+    fn unknown_fields_tolerated_unsupported_rejected() {
+        assert!(parse(&format!("{{{BASE}, \"some_new_field\": [1, 2]}}")).is_ok());
+        let err = parse(&format!("{{{BASE}, \"rope_scaling\": {{\"type\": \"yarn\", \"factor\": 4.0}}}}")).unwrap_err();
+        assert!(err.contains("rope_scaling"), "{err}");
+        let err = parse(&format!("{{{BASE}, \"num_key_value_heads\": 3}}")).unwrap_err();
+        assert!(err.contains("num_key_value_heads"), "{err}");
+    }
+
+    #[test]
+    fn eos_as_int_or_list() {
+        let a = parse(&format!("{{{BASE}, \"eos_token_id\": 3}}")).unwrap();
+        assert_eq!(a.eos_ids(), vec![3]);
+        let b = parse(&format!("{{{BASE}, \"eos_token_id\": [3, 4]}}")).unwrap();
+        assert_eq!(b.eos_ids(), vec![3, 4]);
+    }
+}

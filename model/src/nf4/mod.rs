@@ -1,0 +1,8 @@
+//! NF4 4-bit weights: the bitsandbytes format on the host, and the backend operations that
+//! dequantize and multiply by them on every backend.
+
+pub mod cpu;
+pub mod format;
+pub mod ops;
+
+pub use ops::{codes_bytes, codes_tensor, Nf4Backend};

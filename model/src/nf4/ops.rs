@@ -1,0 +1,168 @@
+//! The NF4 backend extension: dequantize packed codes and multiply by an NF4 weight, implemented
+//! per backend — plain Rust on the CPU (`NdArray`), a CubeCL kernel on wgpu and CUDA (see
+//! `kernel.rs`), and for `Autodiff<B>` by delegating to `B` (the base is frozen, so only the
+//! input receives a gradient, through an ordinary matmul).
+//!
+//! Packed codes live in a `u32` Int tensor (bitsandbytes' bytes, little-endian, eight codes per
+//! word): every backend stores `u32` natively, so a 1.5B model's base takes half a byte per
+//! weight on the host and on the device alike.
+
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::ndarray::NdArrayTensor;
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
+
+use super::cpu;
+
+/// Largest number of input rows for which the CPU uses the fused kernel rather than
+/// dequantizing into a buffer and calling the backend's matmul (measured by
+/// `cargo bench -p fathom-model --bench nf4`; see `docs/benchmarks.md`).
+pub const CPU_FUSED_MAX_ROWS: usize = 8;
+
+/// A backend that can compute with NF4 weights.
+pub trait Nf4Backend: Backend {
+    /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block into a
+    /// `[rows, cols]` float tensor.
+    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self>;
+
+    /// `x · Wᵀ` for `x` `[m, cols]` and the NF4 weight `W` `[rows, cols]`; returns `[m, rows]`.
+    /// The default dequantizes into a temporary and uses the backend's matmul.
+    fn nf4_linear(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        let w = Self::nf4_dequantize(codes, absmax, rows, cols);
+        Self::float_matmul(x, Self::float_transpose(w))
+    }
+}
+
+/// Uploads bitsandbytes' packed bytes as a `u32` code tensor.
+pub fn codes_tensor<B: Backend>(packed: &[u8], device: &B::Device) -> Tensor<B, 1, Int> {
+    let words = cpu::pack_words(packed);
+    let len = words.len();
+    Tensor::from_data(TensorData::new(words, [len]), (device, DType::U32))
+}
+
+/// Reads a code tensor back into bitsandbytes' bytes (`len` of them).
+pub fn codes_bytes<B: Backend>(codes: &Tensor<B, 1, Int>, len: usize) -> Vec<u8> {
+    let data = codes.to_data();
+    let words: Vec<u32> = match data.as_slice::<u32>() {
+        Ok(words) => words.to_vec(),
+        // A backend may widen the stored dtype on read; the bit patterns are what matter.
+        Err(_) => data.iter::<i64>().map(|v| v as u32).collect(),
+    };
+    cpu::unpack_words(&words, len)
+}
+
+/// Runs `f` on the `u32` words of an NdArray code tensor without copying when possible.
+fn with_words<R>(codes: &NdArrayTensor, f: impl FnOnce(&[u32]) -> R) -> R {
+    match codes {
+        NdArrayTensor::U32(storage) => {
+            let view = storage.view();
+            match view.to_slice() {
+                Some(words) => f(words),
+                None => f(&view.iter().copied().collect::<Vec<u32>>()),
+            }
+        }
+        other => {
+            // Codes uploaded through a path that widened them: recover the bit patterns.
+            let data = Tensor::<NdArray, 1, Int>::from_primitive(other.clone()).into_data();
+            let words: Vec<u32> = data.iter::<i64>().map(|v| v as u32).collect();
+            f(&words)
+        }
+    }
+}
+
+/// Runs `f` on the f32 values of an NdArray float tensor, row-major.
+fn with_f32<R>(tensor: &NdArrayTensor, f: impl FnOnce(&[f32]) -> R) -> R {
+    match tensor {
+        NdArrayTensor::F32(storage) => {
+            let view = storage.view();
+            match view.to_slice() {
+                Some(values) => f(values),
+                None => f(&view.iter().copied().collect::<Vec<f32>>()),
+            }
+        }
+        other => {
+            let data = Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(other.clone())).into_data();
+            f(&data.iter::<f32>().collect::<Vec<f32>>())
+        }
+    }
+}
+
+fn ndarray_float(values: Vec<f32>, shape: [usize; 2]) -> NdArrayTensor {
+    NdArrayTensor::from_data(TensorData::new(values, shape))
+}
+
+impl Nf4Backend for NdArray {
+    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self> {
+        let out = with_words(&codes, |words| with_f32(&absmax, |absmax| cpu::dequantize(words, absmax, rows, cols)));
+        ndarray_float(out, [rows, cols])
+    }
+
+    fn nf4_linear(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        let m = burn::tensor::TensorMetadata::shape(&x)[0];
+        if m > CPU_FUSED_MAX_ROWS {
+            let w = Self::nf4_dequantize(codes, absmax, rows, cols);
+            return Self::float_matmul(x, Self::float_transpose(w));
+        }
+        let out = with_words(&codes, |words| {
+            with_f32(&absmax, |absmax| with_f32(&x, |xs| cpu::linear(xs, m, words, absmax, rows, cols)))
+        });
+        ndarray_float(out, [m, rows])
+    }
+}
+
+impl<B: Nf4Backend, C: CheckpointStrategy> Nf4Backend for Autodiff<B, C> {
+    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self> {
+        let absmax = <Self as AutodiffBackend>::inner(absmax);
+        <Self as AutodiffBackend>::from_inner(B::nf4_dequantize(codes, absmax, rows, cols))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nf4::format::{dequantize_nf4, quantize_nf4};
+
+    #[test]
+    fn ndarray_ops_match_the_format() {
+        let (rows, cols) = (24, 96);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 70.0).collect();
+        let q = quantize_nf4(&w);
+        let device = Default::default();
+        let codes = codes_tensor::<NdArray>(&q.packed, &device);
+        assert_eq!(codes_bytes(&codes, q.packed.len()), q.packed);
+        let absmax = Tensor::<NdArray, 1>::from_floats(q.absmax.as_slice(), &device);
+        let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
+        let got = NdArray::nf4_dequantize(codes.clone().into_primitive(), absmax.clone().into_primitive().tensor(), rows, cols);
+        let got = Tensor::<NdArray, 2>::from_primitive(TensorPrimitive::Float(got)).into_data().to_vec::<f32>().unwrap();
+        assert_eq!(got, dense);
+        let wt = Tensor::<NdArray, 2>::from_data(TensorData::new(dense, [rows, cols]), &device);
+        for m in [1, 3, CPU_FUSED_MAX_ROWS + 5] {
+            let x = Tensor::<NdArray, 2>::random([m, cols], burn::tensor::Distribution::Default, &device);
+            let want = x.clone().matmul(wt.clone().transpose());
+            let got = NdArray::nf4_linear(
+                x.into_primitive().tensor(),
+                codes.clone().into_primitive(),
+                absmax.clone().into_primitive().tensor(),
+                rows,
+                cols,
+            );
+            let got = Tensor::<NdArray, 2>::from_primitive(TensorPrimitive::Float(got));
+            let diff = (got - want).abs().max().into_scalar();
+            assert!(diff < 1e-4, "m={m}: max diff {diff}");
+        }
+    }
+}
