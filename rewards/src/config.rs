@@ -45,7 +45,7 @@ pub enum ConfigError {
     /// The text is not valid RON for this schema (an unknown field, a wrong type, a syntax
     /// error); the message has the position and names the field.
     #[error("rewards recipe: {0}")]
-    Ron(#[from] ron::error::SpannedError),
+    Ron(ron::error::SpannedError),
     /// The recipe has no top-level `rewards` field.
     #[error("recipe has no top-level `rewards` field")]
     MissingRewards,
@@ -58,16 +58,30 @@ pub enum ConfigError {
         message: String,
     },
     /// A `Custom` component could not be built.
-    #[error("rewards.components[{index}]: {source}")]
+    #[error("rewards.components[{index}]: {error}")]
     Custom {
         /// Position in `components`.
         index: usize,
         /// What went wrong.
-        source: RegistryError,
+        error: RegistryError,
     },
     /// The components do not form a valid composite (e.g. duplicate names).
     #[error("rewards.components: {0}")]
-    Composite(#[from] CompositeError),
+    Composite(CompositeError),
+}
+
+// Written out rather than `#[from]`, which would also make the inner error the `source()` and
+// print its message twice in an error chain.
+impl From<ron::error::SpannedError> for ConfigError {
+    fn from(error: ron::error::SpannedError) -> Self {
+        Self::Ron(error)
+    }
+}
+
+impl From<CompositeError> for ConfigError {
+    fn from(error: CompositeError) -> Self {
+        Self::Composite(error)
+    }
 }
 
 /// The `rewards` section of a recipe.
@@ -413,7 +427,7 @@ fn build_component(
                 return Err(invalid(&path("weight"), format!("must be finite, got {weight}")));
             }
             let reward =
-                registry.build(name, params).map_err(|source| ConfigError::Custom { index, source })?;
+                registry.build(name, params).map_err(|error| ConfigError::Custom { index, error })?;
             (*weight, reward)
         }
     })

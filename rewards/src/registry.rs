@@ -111,12 +111,12 @@ pub enum RegistryError {
         known: String,
     },
     /// The factory rejected the params.
-    #[error("params of custom reward {name:?}: {source}")]
+    #[error("params of custom reward {name:?}: {error}")]
     Params {
         /// The reward's name.
         name: String,
         /// What the factory said.
-        source: ParamsError,
+        error: ParamsError,
     },
     /// The factory built a reward whose `name()` differs from its registered name.
     #[error("custom reward registered as {registered:?} reports the name {reported:?}")]
@@ -198,7 +198,7 @@ impl RewardRegistry {
             }
         })?;
         let reward =
-            factory(params).map_err(|source| RegistryError::Params { name: name.to_owned(), source })?;
+            factory(params).map_err(|error| RegistryError::Params { name: name.to_owned(), error })?;
         if reward.name() != name {
             return Err(RegistryError::NameMismatch {
                 registered: name.to_owned(),

@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod score;
+
 /// Fathom: teach a small language model to work as a Recursive Language Model.
 #[derive(Parser)]
 #[command(name = "cargo xtask", version, about)]
@@ -12,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Score a trajectory against its task and print every reward component as JSON.
+    Score(score::ScoreArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -24,5 +28,6 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Score(args) => score::run(args),
     }
 }
