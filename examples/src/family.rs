@@ -57,7 +57,9 @@ impl FamilyWeighted {
             if w.is_finite() && w >= 0.0 {
                 Ok(())
             } else {
-                Err(ParamsError::new(format!("{what} must be a finite number ≥ 0, got {w}")))
+                Err(ParamsError::new(format!(
+                    "{what} must be a finite number ≥ 0, got {w}"
+                )))
             }
         };
         check("default".to_owned(), reward.default)?;
@@ -84,7 +86,11 @@ impl Reward for FamilyWeighted {
     }
 
     fn score(&self, episode: &Episode<'_>) -> f64 {
-        if episode.correct { self.weight(episode.task.family) } else { 0.0 }
+        if episode.correct {
+            self.weight(episode.task.family)
+        } else {
+            0.0
+        }
     }
 }
 
@@ -100,7 +106,9 @@ mod tests {
             ("(weights: {agregate: 1.0})", "agregate"),
             ("(weight: {})", "weight"),
         ] {
-            let err = FamilyWeighted::from_params(&Params::from_ron(text).unwrap()).err().unwrap();
+            let err = FamilyWeighted::from_params(&Params::from_ron(text).unwrap())
+                .err()
+                .unwrap();
             assert!(err.to_string().contains(needle), "{text}: {err}");
         }
     }

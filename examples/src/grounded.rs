@@ -51,7 +51,9 @@ pub struct Grounded {
 
 impl Default for Grounded {
     fn default() -> Self {
-        Self { require_correct: true }
+        Self {
+            require_correct: true,
+        }
     }
 }
 
@@ -78,11 +80,17 @@ impl Reward for Grounded {
     }
 
     fn score(&self, episode: &Episode<'_>) -> f64 {
-        let Some(answer) = episode.answer.text() else { return 0.0 };
+        let Some(answer) = episode.answer.text() else {
+            return 0.0;
+        };
         if self.require_correct && !episode.correct {
             return 0.0;
         }
-        if Self::is_grounded(episode, answer) { 1.0 } else { 0.0 }
+        if Self::is_grounded(episode, answer) {
+            1.0
+        } else {
+            0.0
+        }
     }
 }
 
@@ -95,21 +103,53 @@ mod tests {
 
     #[test]
     fn params_parse_and_reject_unknown_fields() {
-        assert_eq!(Params::from_ron("(require_correct: false)").unwrap().parse::<Grounded>().unwrap().require_correct, false);
-        assert!(Params::default().parse::<Grounded>().unwrap().require_correct);
-        let err = Grounded::from_params(&Params::from_ron("(require: false)").unwrap()).err().unwrap();
+        assert!(
+            !Params::from_ron("(require_correct: false)")
+                .unwrap()
+                .parse::<Grounded>()
+                .unwrap()
+                .require_correct
+        );
+        assert!(
+            Params::default()
+                .parse::<Grounded>()
+                .unwrap()
+                .require_correct
+        );
+        let err = Grounded::from_params(&Params::from_ron("(require: false)").unwrap())
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("require"), "{err}");
     }
 
     #[test]
     fn wrong_grounded_answers_pay_only_when_correctness_is_not_required() {
-        let task = task("t", Family::Needle, "key 7 = Paris; key 8 = Lyon", "key 7?", "Paris");
+        let task = task(
+            "t",
+            Family::Needle,
+            "key 7 = Paris; key 8 = Lyon",
+            "key 7?",
+            "Paris",
+        );
         let traj = TrajectoryBuilder::new("t")
-            .code("print(context[14:27])", "key 8 = Lyon").slice(14, 27)
+            .code("print(context[14:27])", "key 8 = Lyon")
+            .slice(14, 27)
             .answer("<answer>Lyon</answer>")
             .build();
         let ep = Episode::new(&task, &traj, &AnswerMatcher::default());
-        assert_eq!(Grounded { require_correct: true }.score(&ep), 0.0);
-        assert_eq!(Grounded { require_correct: false }.score(&ep), 1.0);
+        assert_eq!(
+            Grounded {
+                require_correct: true
+            }
+            .score(&ep),
+            0.0
+        );
+        assert_eq!(
+            Grounded {
+                require_correct: false
+            }
+            .score(&ep),
+            1.0
+        );
     }
 }

@@ -21,21 +21,36 @@ fn with_question(mut traj: Trajectory, question: &str) -> Trajectory {
     traj.messages[0].content = "You answer questions about `context`, a long document, by running \
         Python in a ```repl``` block; put the final answer in <answer>…</answer>."
         .to_owned();
-    traj.messages[1].content = format!("{question}\n\n`context` holds {} characters.", DOCUMENT.len());
+    traj.messages[1].content = format!(
+        "{question}\n\n`context` holds {} characters.",
+        DOCUMENT.len()
+    );
     traj
 }
 
 fn grounded_task() -> Task {
-    let mut t = task("train-00042", Family::Needle, DOCUMENT, "Who owns record 103?", "Cleo Marsh");
+    let mut t = task(
+        "train-00042",
+        Family::Needle,
+        DOCUMENT,
+        "Who owns record 103?",
+        "Cleo Marsh",
+    );
     t.index = 42;
     t.seed = 42;
-    t.evidence = vec![Span { start: 88, end: 125 }];
+    t.evidence = vec![Span {
+        start: 88,
+        end: 125,
+    }];
     t
 }
 
 fn grounded_found() -> Trajectory {
     let traj = TrajectoryBuilder::new("train-00042")
-        .code("i = context.find(\"record 103\")\nprint(context[i:i + 40])", "record 103: owner=Cleo Marsh; vault=4\nre\n")
+        .code(
+            "i = context.find(\"record 103\")\nprint(context[i:i + 40])",
+            "record 103: owner=Cleo Marsh; vault=4\nre\n",
+        )
         .find("record 103", 0, DOCUMENT.len())
         .slice(88, 128)
         .answer("Record 103 names its owner.\n<answer>Cleo Marsh</answer>")
@@ -62,7 +77,13 @@ fn family_task() -> Task {
     t.index = 43;
     t.seed = 43;
     t.aliases = vec!["two".to_owned()];
-    t.evidence = vec![Span { start: 51, end: 87 }, Span { start: 126, end: 162 }];
+    t.evidence = vec![
+        Span { start: 51, end: 87 },
+        Span {
+            start: 126,
+            end: 162,
+        },
+    ];
     t
 }
 
@@ -113,8 +134,14 @@ fn fixtures_match_their_builders() {
         if bless {
             std::fs::write(&path, &expected).unwrap();
         }
-        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(committed, expected, "{} is stale: rerun with FATHOM_BLESS=1", path.display());
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(
+            committed,
+            expected,
+            "{} is stale: rerun with FATHOM_BLESS=1",
+            path.display()
+        );
     }
 }
 
@@ -125,11 +152,15 @@ fn score(recipe: Option<&str>, task: &str, trajectory: &str) -> serde_json::Valu
     let composite: Composite = match recipe {
         Some(path) => {
             let text = std::fs::read_to_string(root().join(path)).unwrap();
-            rewards_from_recipe(&text).unwrap().build(&registry).unwrap()
+            rewards_from_recipe(&text)
+                .unwrap()
+                .build(&registry)
+                .unwrap()
         }
         None => Composite::default(),
     };
-    let task: Task = serde_json::from_str(&std::fs::read_to_string(root().join(task)).unwrap()).unwrap();
+    let task: Task =
+        serde_json::from_str(&std::fs::read_to_string(root().join(task)).unwrap()).unwrap();
     let traj: Trajectory =
         serde_json::from_str(&std::fs::read_to_string(root().join(trajectory)).unwrap()).unwrap();
     serde_json::to_value(composite.score(&task, &traj).unwrap()).unwrap()
@@ -145,7 +176,11 @@ fn grounded_recipe_pays_found_answers_more_than_typed_ones() {
     let found = score(recipe, "grounded/task.json", "grounded/trajectory.json");
     assert_eq!(found["components"]["grounded"], 1.0);
     assert!(close(&found["total"], 0.95), "{found}");
-    let typed = score(recipe, "grounded/task.json", "grounded/trajectory-typed.json");
+    let typed = score(
+        recipe,
+        "grounded/task.json",
+        "grounded/trajectory-typed.json",
+    );
     assert_eq!(typed["components"]["grounded"], 0.0);
     assert_eq!(typed["components"]["correctness"], 1.0);
     assert!(close(&typed["total"], 0.75), "{typed}");
@@ -160,11 +195,18 @@ fn family_recipe_weights_by_family() {
     let recipe = Some("family/recipe.ron");
     let aggregate = score(recipe, "family/task.json", "family/trajectory.json");
     assert_eq!(aggregate["components"]["family_weighted"], 1.5);
-    assert!(close(&aggregate["total"], 0.1 + 0.5 * 1.5 + 0.15), "{aggregate}");
+    assert!(
+        close(&aggregate["total"], 0.1 + 0.5 * 1.5 + 0.15),
+        "{aggregate}"
+    );
     let needle = score(recipe, "grounded/task.json", "grounded/trajectory.json");
     assert_eq!(needle["components"]["family_weighted"], 1.0);
     assert!(close(&needle["total"], 0.1 + 0.5 + 0.15), "{needle}");
-    let keys: Vec<&String> = aggregate["components"].as_object().unwrap().keys().collect();
+    let keys: Vec<&String> = aggregate["components"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .collect();
     assert_eq!(keys.len(), 4);
 }
 
@@ -172,7 +214,13 @@ fn family_recipe_weights_by_family() {
 fn example_recipes_need_their_rewards_registered() {
     for recipe in ["grounded/recipe.ron", "family/recipe.ron"] {
         let text = std::fs::read_to_string(root().join(recipe)).unwrap();
-        let err = rewards_from_recipe(&text).unwrap().build(&RewardRegistry::new()).unwrap_err();
-        assert!(err.to_string().contains("no custom reward named"), "{recipe}: {err}");
+        let err = rewards_from_recipe(&text)
+            .unwrap()
+            .build(&RewardRegistry::new())
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("no custom reward named"),
+            "{recipe}: {err}"
+        );
     }
 }

@@ -69,7 +69,11 @@ impl<'a> FinalAnswer<'a> {
             ([], []) => Self::Missing,
             ([open], [close]) if open + OPEN.len() <= *close => {
                 let text = message[open + OPEN.len()..*close].trim();
-                if text.is_empty() { Self::Malformed } else { Self::Given(text) }
+                if text.is_empty() {
+                    Self::Malformed
+                } else {
+                    Self::Given(text)
+                }
             }
             _ => Self::Malformed,
         }
@@ -91,7 +95,9 @@ fn find_all(haystack: &str, tag: &str) -> Vec<usize> {
     if hay.len() < tag.len() {
         return Vec::new();
     }
-    (0..=hay.len() - tag.len()).filter(|&i| hay[i..i + tag.len()].eq_ignore_ascii_case(tag)).collect()
+    (0..=hay.len() - tag.len())
+        .filter(|&i| hay[i..i + tag.len()].eq_ignore_ascii_case(tag))
+        .collect()
 }
 
 #[cfg(test)]
@@ -101,15 +107,36 @@ mod tests {
 
     #[test]
     fn parse_rules() {
-        assert_eq!(FinalAnswer::parse("x <answer>a</answer> y"), FinalAnswer::Given("a"));
-        assert_eq!(FinalAnswer::parse("</answer>a<answer>"), FinalAnswer::Malformed);
-        assert_eq!(FinalAnswer::parse("<answer><answer>a</answer>"), FinalAnswer::Malformed);
-        assert_eq!(FinalAnswer::parse("<answer>a</answer></answer>"), FinalAnswer::Malformed);
+        assert_eq!(
+            FinalAnswer::parse("x <answer>a</answer> y"),
+            FinalAnswer::Given("a")
+        );
+        assert_eq!(
+            FinalAnswer::parse("</answer>a<answer>"),
+            FinalAnswer::Malformed
+        );
+        assert_eq!(
+            FinalAnswer::parse("<answer><answer>a</answer>"),
+            FinalAnswer::Malformed
+        );
+        assert_eq!(
+            FinalAnswer::parse("<answer>a</answer></answer>"),
+            FinalAnswer::Malformed
+        );
         assert_eq!(FinalAnswer::parse("a</answer>"), FinalAnswer::Malformed);
-        assert_eq!(FinalAnswer::parse("<answer></answer>"), FinalAnswer::Malformed);
+        assert_eq!(
+            FinalAnswer::parse("<answer></answer>"),
+            FinalAnswer::Malformed
+        );
         // `<answer >` is not an opening tag, so only the closing tag is seen.
-        assert_eq!(FinalAnswer::parse("<answer >a</answer>"), FinalAnswer::Malformed);
-        assert_eq!(FinalAnswer::parse("<answer>é</answer>"), FinalAnswer::Given("é"));
+        assert_eq!(
+            FinalAnswer::parse("<answer >a</answer>"),
+            FinalAnswer::Malformed
+        );
+        assert_eq!(
+            FinalAnswer::parse("<answer>é</answer>"),
+            FinalAnswer::Given("é")
+        );
     }
 
     #[test]
@@ -119,6 +146,9 @@ mod tests {
             .end_on_iteration_cap()
             .build();
         assert_eq!(FinalAnswer::of(&capped), FinalAnswer::Missing);
-        assert_eq!(FinalAnswer::of(&TrajectoryBuilder::new("t").build()), FinalAnswer::Missing);
+        assert_eq!(
+            FinalAnswer::of(&TrajectoryBuilder::new("t").build()),
+            FinalAnswer::Missing
+        );
     }
 }

@@ -97,7 +97,10 @@ pub struct TokenBudget {
 
 impl Default for TokenBudget {
     fn default() -> Self {
-        Self { free_tokens: 2048, saturate_tokens: 16384 }
+        Self {
+            free_tokens: 2048,
+            saturate_tokens: 16384,
+        }
     }
 }
 
@@ -145,7 +148,10 @@ pub struct RecursionEfficiency {
 
 impl Default for RecursionEfficiency {
     fn default() -> Self {
-        Self { free_calls: 0, max_calls: 10 }
+        Self {
+            free_calls: 0,
+            max_calls: 10,
+        }
     }
 }
 
@@ -164,7 +170,11 @@ impl Reward for RecursionEfficiency {
     }
 
     fn score(&self, episode: &Episode<'_>) -> f64 {
-        if episode.correct { self.efficiency(episode.trajectory.llm_call_count()) } else { 0.0 }
+        if episode.correct {
+            self.efficiency(episode.trajectory.llm_call_count())
+        } else {
+            0.0
+        }
     }
 }
 

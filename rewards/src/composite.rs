@@ -112,7 +112,10 @@ pub struct Composite {
 impl std::fmt::Debug for Composite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Composite")
-            .field("components", &self.names().zip(self.weights()).collect::<Vec<_>>())
+            .field(
+                "components",
+                &self.names().zip(self.weights()).collect::<Vec<_>>(),
+            )
             .field("incorrect_cap", &self.incorrect_cap)
             .field("matcher", &self.matcher)
             .finish()
@@ -142,11 +145,18 @@ impl Composite {
                 return Err(CompositeError::DuplicateName(name.to_owned()));
             }
             if !weight.is_finite() {
-                return Err(CompositeError::NonFiniteWeight { component: name.to_owned(), weight: *weight });
+                return Err(CompositeError::NonFiniteWeight {
+                    component: name.to_owned(),
+                    weight: *weight,
+                });
             }
             let ValueRange { min, max } = reward.range();
             if !(min.is_finite() && max.is_finite() && min <= max) {
-                return Err(CompositeError::BadRange { component: name.to_owned(), min, max });
+                return Err(CompositeError::BadRange {
+                    component: name.to_owned(),
+                    min,
+                    max,
+                });
             }
         }
         if let Some(cap) = incorrect_cap
@@ -154,9 +164,15 @@ impl Composite {
         {
             return Err(CompositeError::NonFiniteCap(cap));
         }
-        let components =
-            components.into_iter().map(|(weight, reward)| Weighted { weight, reward }).collect();
-        Ok(Self { components, incorrect_cap, matcher })
+        let components = components
+            .into_iter()
+            .map(|(weight, reward)| Weighted { weight, reward })
+            .collect();
+        Ok(Self {
+            components,
+            incorrect_cap,
+            matcher,
+        })
     }
 
     /// Component names, in the composite's stable order.
@@ -190,16 +206,30 @@ impl Composite {
     }
 
     /// Scores one episode: the total and every component's value and weight.
-    pub fn score<'c>(&'c self, task: &Task, trajectory: &Trajectory) -> Result<Breakdown<'c>, ScoreError> {
+    pub fn score<'c>(
+        &'c self,
+        task: &Task,
+        trajectory: &Trajectory,
+    ) -> Result<Breakdown<'c>, ScoreError> {
         let mut values = vec![0.0; self.components.len()];
         let totals = self.score_into(task, trajectory, &mut values)?;
         let components = self
             .components
             .iter()
             .zip(values)
-            .map(|(c, value)| ComponentScore { name: c.reward.name(), weight: c.weight, value })
+            .map(|(c, value)| ComponentScore {
+                name: c.reward.name(),
+                weight: c.weight,
+                value,
+            })
             .collect();
-        Ok(Breakdown { total: totals.total, sum: totals.sum, correct: totals.correct, capped: totals.capped, components })
+        Ok(Breakdown {
+            total: totals.total,
+            sum: totals.sum,
+            correct: totals.correct,
+            capped: totals.capped,
+            components,
+        })
     }
 
     /// Scores one episode without allocating: writes each component's value into `values`
@@ -211,10 +241,16 @@ impl Composite {
         values: &mut [f64],
     ) -> Result<Totals, ScoreError> {
         if task.id != trajectory.task_id {
-            return Err(ScoreError::TaskMismatch { task: task.id.clone(), trajectory: trajectory.task_id.clone() });
+            return Err(ScoreError::TaskMismatch {
+                task: task.id.clone(),
+                trajectory: trajectory.task_id.clone(),
+            });
         }
         if values.len() != self.components.len() {
-            return Err(ScoreError::BufferLength { expected: self.components.len(), got: values.len() });
+            return Err(ScoreError::BufferLength {
+                expected: self.components.len(),
+                got: values.len(),
+            });
         }
         let episode = Episode::new(task, trajectory, &self.matcher);
         let mut sum = 0.0;
@@ -236,7 +272,12 @@ impl Composite {
             Some(cap) if !episode.correct && sum > cap => (cap, true),
             _ => (sum, false),
         };
-        Ok(Totals { total, sum, correct: episode.correct, capped })
+        Ok(Totals {
+            total,
+            sum,
+            correct: episode.correct,
+            capped,
+        })
     }
 }
 
@@ -289,9 +330,11 @@ pub struct Breakdown<'c> {
 impl Breakdown<'_> {
     /// The value of the component with this name.
     pub fn get(&self, name: &str) -> Option<f64> {
-        self.components.iter().find(|c| c.name == name).map(|c| c.value)
+        self.components
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.value)
     }
-
 }
 
 /// Serialises as the JSON that `xtask score` prints, with map keys in the composite's order:
@@ -359,7 +402,11 @@ mod tests {
 
     fn composite(extra: f64, cap: Option<f64>) -> Composite {
         Composite::new(
-            vec![(0.1, Box::new(FormatGate)), (0.7, Box::new(Correctness)), (0.5, Box::new(Fixed("extra", extra)))],
+            vec![
+                (0.1, Box::new(FormatGate)),
+                (0.7, Box::new(Correctness)),
+                (0.5, Box::new(Fixed("extra", extra))),
+            ],
             cap,
             AnswerMatcher::default(),
         )
@@ -393,16 +440,24 @@ mod tests {
         let (task, traj) = episode("<answer>Paris</answer>");
         for bad in [1.5, -0.1, f64::NAN, f64::INFINITY] {
             let err = composite(bad, Some(0.25)).score(&task, &traj).unwrap_err();
-            assert!(matches!(&err, ScoreError::OutOfRange { component, .. } if component == "extra"), "{err}");
+            assert!(
+                matches!(&err, ScoreError::OutOfRange { component, .. } if component == "extra"),
+                "{err}"
+            );
         }
     }
 
     #[test]
     fn mismatched_task_is_an_error() {
         let (task, _) = episode("");
-        let other = TrajectoryBuilder::new("u").answer("<answer>Paris</answer>").build();
+        let other = TrajectoryBuilder::new("u")
+            .answer("<answer>Paris</answer>")
+            .build();
         let err = Composite::default().score(&task, &other).unwrap_err();
-        assert_eq!(err.to_string(), "trajectory.task_id is \"u\" but task.id is \"t\"");
+        assert_eq!(
+            err.to_string(),
+            "trajectory.task_id is \"u\" but task.id is \"t\""
+        );
     }
 
     #[test]
@@ -410,19 +465,35 @@ mod tests {
         let (task, traj) = episode("<answer>Paris</answer>");
         let c = Composite::default();
         let mut short = [0.0; 2];
-        assert!(matches!(c.score_into(&task, &traj, &mut short), Err(ScoreError::BufferLength { expected: 4, got: 2 })));
+        assert!(matches!(
+            c.score_into(&task, &traj, &mut short),
+            Err(ScoreError::BufferLength {
+                expected: 4,
+                got: 2
+            })
+        ));
         let mut values = [0.0; 4];
         let totals = c.score_into(&task, &traj, &mut values).unwrap();
         let b = c.score(&task, &traj).unwrap();
         assert_eq!(totals.total, b.total);
-        assert_eq!(values.to_vec(), b.components.iter().map(|c| c.value).collect::<Vec<_>>());
+        assert_eq!(
+            values.to_vec(),
+            b.components.iter().map(|c| c.value).collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn construction_rejects_duplicates_and_bad_numbers() {
         let m = AnswerMatcher::default;
-        let dup = Composite::new(vec![(1.0, Box::new(Correctness)), (1.0, Box::new(Correctness))], None, m());
-        assert_eq!(dup.unwrap_err(), CompositeError::DuplicateName("correctness".into()));
+        let dup = Composite::new(
+            vec![(1.0, Box::new(Correctness)), (1.0, Box::new(Correctness))],
+            None,
+            m(),
+        );
+        assert_eq!(
+            dup.unwrap_err(),
+            CompositeError::DuplicateName("correctness".into())
+        );
         let nan = Composite::new(vec![(f64::NAN, Box::new(Correctness))], None, m());
         assert!(matches!(nan, Err(CompositeError::NonFiniteWeight { .. })));
         let cap = Composite::new(vec![(1.0, Box::new(Correctness))], Some(f64::NAN), m());

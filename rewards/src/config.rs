@@ -142,7 +142,9 @@ fn default_components() -> Vec<ComponentConfig> {
     let recursion = RecursionEfficiency::default();
     vec![
         ComponentConfig::FormatGate { weight: w_format() },
-        ComponentConfig::Correctness { weight: w_correct() },
+        ComponentConfig::Correctness {
+            weight: w_correct(),
+        },
         ComponentConfig::TokenBudget {
             weight: w_budget(),
             free_tokens: budget.free_tokens,
@@ -160,7 +162,11 @@ impl Default for RewardsConfig {
     /// DESIGN §5: format gate +0.10, correctness 0.70, token budget −0.15, recursion efficiency
     /// 0.15, the 0.25 cap on incorrect answers, default matching; step-level off.
     fn default() -> Self {
-        Self { incorrect_cap: default_cap(), matching: AnswerMatcher::default(), components: default_components() }
+        Self {
+            incorrect_cap: default_cap(),
+            matching: AnswerMatcher::default(),
+            components: default_components(),
+        }
     }
 }
 
@@ -317,25 +323,41 @@ impl RewardsConfig {
         if let Some(cap) = self.incorrect_cap
             && !cap.is_finite()
         {
-            return Err(invalid("rewards.incorrect_cap", format!("must be finite, got {cap}")));
+            return Err(invalid(
+                "rewards.incorrect_cap",
+                format!("must be finite, got {cap}"),
+            ));
         }
         let tol = self.matching.numeric_tolerance;
         if !(tol.is_finite() && (0.0..1.0).contains(&tol)) {
-            return Err(invalid("rewards.matching.numeric_tolerance", format!("must be in [0, 1), got {tol}")));
+            return Err(invalid(
+                "rewards.matching.numeric_tolerance",
+                format!("must be in [0, 1), got {tol}"),
+            ));
         }
         if self.components.is_empty() {
-            return Err(invalid("rewards.components", "must list at least one component".to_owned()));
+            return Err(invalid(
+                "rewards.components",
+                "must list at least one component".to_owned(),
+            ));
         }
         let mut built: Vec<(f64, Box<dyn Reward>)> = Vec::with_capacity(self.components.len());
         for (index, component) in self.components.iter().enumerate() {
             built.push(build_component(index, component, registry)?);
         }
-        Ok(Composite::new(built, self.incorrect_cap, self.matching.clone())?)
+        Ok(Composite::new(
+            built,
+            self.incorrect_cap,
+            self.matching.clone(),
+        )?)
     }
 }
 
 fn invalid(field: &str, message: String) -> ConfigError {
-    ConfigError::Invalid { field: field.to_owned(), message }
+    ConfigError::Invalid {
+        field: field.to_owned(),
+        message,
+    }
 }
 
 fn build_component(
@@ -345,19 +367,34 @@ fn build_component(
 ) -> Result<(f64, Box<dyn Reward>), ConfigError> {
     let path = |field: &str| format!("rewards.components[{index}].{field}");
     let weight_sign = |weight: f64, positive: bool| -> Result<(), ConfigError> {
-        let ok = weight.is_finite() && if positive { weight >= 0.0 } else { weight <= 0.0 };
+        let ok = weight.is_finite()
+            && if positive {
+                weight >= 0.0
+            } else {
+                weight <= 0.0
+            };
         if ok {
             Ok(())
         } else {
-            let want = if positive { "a finite number ≥ 0" } else { "a finite number ≤ 0 (it is a penalty)" };
-            Err(invalid(&path("weight"), format!("must be {want}, got {weight}")))
+            let want = if positive {
+                "a finite number ≥ 0"
+            } else {
+                "a finite number ≤ 0 (it is a penalty)"
+            };
+            Err(invalid(
+                &path("weight"),
+                format!("must be {want}, got {weight}"),
+            ))
         }
     };
     let non_negative = |field: &str, value: f64| -> Result<(), ConfigError> {
         if value.is_finite() && value >= 0.0 {
             Ok(())
         } else {
-            Err(invalid(&path(field), format!("must be a finite number ≥ 0, got {value}")))
+            Err(invalid(
+                &path(field),
+                format!("must be a finite number ≥ 0, got {value}"),
+            ))
         }
     };
     Ok(match component {
@@ -369,17 +406,33 @@ fn build_component(
             weight_sign(*weight, true)?;
             (*weight, Box::new(Correctness))
         }
-        ComponentConfig::TokenBudget { weight, free_tokens, saturate_tokens } => {
+        ComponentConfig::TokenBudget {
+            weight,
+            free_tokens,
+            saturate_tokens,
+        } => {
             weight_sign(*weight, false)?;
             if saturate_tokens <= free_tokens {
                 return Err(invalid(
                     &path("saturate_tokens"),
-                    format!("must be greater than free_tokens ({free_tokens}), got {saturate_tokens}"),
+                    format!(
+                        "must be greater than free_tokens ({free_tokens}), got {saturate_tokens}"
+                    ),
                 ));
             }
-            (*weight, Box::new(TokenBudget { free_tokens: *free_tokens, saturate_tokens: *saturate_tokens }))
+            (
+                *weight,
+                Box::new(TokenBudget {
+                    free_tokens: *free_tokens,
+                    saturate_tokens: *saturate_tokens,
+                }),
+            )
         }
-        ComponentConfig::RecursionEfficiency { weight, free_calls, max_calls } => {
+        ComponentConfig::RecursionEfficiency {
+            weight,
+            free_calls,
+            max_calls,
+        } => {
             weight_sign(*weight, true)?;
             if max_calls <= free_calls {
                 return Err(invalid(
@@ -387,7 +440,13 @@ fn build_component(
                     format!("must be greater than free_calls ({free_calls}), got {max_calls}"),
                 ));
             }
-            (*weight, Box::new(RecursionEfficiency { free_calls: *free_calls, max_calls: *max_calls }))
+            (
+                *weight,
+                Box::new(RecursionEfficiency {
+                    free_calls: *free_calls,
+                    max_calls: *max_calls,
+                }),
+            )
         }
         ComponentConfig::StepLevel {
             weight,
@@ -404,11 +463,17 @@ fn build_component(
             non_negative("search_credit", *search_credit)?;
             non_negative("query_credit", *query_credit)?;
             if !(0.0..=1.0).contains(correct_floor) {
-                return Err(invalid(&path("correct_floor"), format!("must be in [0, 1], got {correct_floor}")));
+                return Err(invalid(
+                    &path("correct_floor"),
+                    format!("must be in [0, 1], got {correct_floor}"),
+                ));
             }
             for (field, cap) in [("search_cap", search_cap), ("query_cap", query_cap)] {
                 if *cap == 0 {
-                    return Err(invalid(&path(field), "must be at least 1, got 0".to_owned()));
+                    return Err(invalid(
+                        &path(field),
+                        "must be at least 1, got 0".to_owned(),
+                    ));
                 }
             }
             let step = StepLevel {
@@ -422,12 +487,20 @@ fn build_component(
             };
             (*weight, Box::new(step))
         }
-        ComponentConfig::Custom { name, weight, params } => {
+        ComponentConfig::Custom {
+            name,
+            weight,
+            params,
+        } => {
             if !weight.is_finite() {
-                return Err(invalid(&path("weight"), format!("must be finite, got {weight}")));
+                return Err(invalid(
+                    &path("weight"),
+                    format!("must be finite, got {weight}"),
+                ));
             }
-            let reward =
-                registry.build(name, params).map_err(|error| ConfigError::Custom { index, error })?;
+            let reward = registry
+                .build(name, params)
+                .map_err(|error| ConfigError::Custom { index, error })?;
             (*weight, reward)
         }
     })
@@ -497,9 +570,16 @@ mod tests {
 
     #[test]
     fn default_config_round_trips_through_ron() {
-        let text = ron::ser::to_string_pretty(&RewardsConfig::default(), Default::default()).unwrap();
-        assert_eq!(RewardsConfig::from_ron(&text).unwrap(), RewardsConfig::default());
-        assert_eq!(RewardsConfig::from_ron("()").unwrap(), RewardsConfig::default());
+        let text =
+            ron::ser::to_string_pretty(&RewardsConfig::default(), Default::default()).unwrap();
+        assert_eq!(
+            RewardsConfig::from_ron(&text).unwrap(),
+            RewardsConfig::default()
+        );
+        assert_eq!(
+            RewardsConfig::from_ron("()").unwrap(),
+            RewardsConfig::default()
+        );
     }
 
     #[test]
@@ -511,7 +591,10 @@ mod tests {
             ("(components: [TokenBudget(free: 10)])", "free"),
             ("(components: [RecursionEfficiency(max: 3)])", "max"),
             ("(components: [StepLevel(weight: 1.0, c1: 0.2)])", "c1"),
-            ("(components: [Custom(name: \"x\", weight: 1.0, parms: ())])", "parms"),
+            (
+                "(components: [Custom(name: \"x\", weight: 1.0, parms: ())])",
+                "parms",
+            ),
             ("(components: [Grounded(weight: 1.0)])", "Grounded"),
         ] {
             let message = err(text);
@@ -523,16 +606,43 @@ mod tests {
     fn invalid_values_name_their_field() {
         for (text, field) in [
             ("(incorrect_cap: Some(inf))", "rewards.incorrect_cap"),
-            ("(matching: (numeric_tolerance: -1.0))", "rewards.matching.numeric_tolerance"),
+            (
+                "(matching: (numeric_tolerance: -1.0))",
+                "rewards.matching.numeric_tolerance",
+            ),
             ("(components: [])", "rewards.components"),
-            ("(components: [Correctness(weight: -0.7)])", "rewards.components[0].weight"),
-            ("(components: [FormatGate(), TokenBudget(weight: 0.15)])", "rewards.components[1].weight"),
-            ("(components: [RecursionEfficiency(free_calls: 4, max_calls: 4)])", "rewards.components[0].max_calls"),
-            ("(components: [StepLevel(weight: 1.0, correct_floor: 1.5)])", "rewards.components[0].correct_floor"),
-            ("(components: [StepLevel(weight: 1.0, query_cap: 0)])", "rewards.components[0].query_cap"),
-            ("(components: [StepLevel(weight: 1.0, search_credit: -0.2)])", "rewards.components[0].search_credit"),
-            ("(components: [Correctness(), Correctness()])", "\"correctness\""),
-            ("(components: [Custom(name: \"grounded\", weight: 1.0)])", "no custom reward named \"grounded\""),
+            (
+                "(components: [Correctness(weight: -0.7)])",
+                "rewards.components[0].weight",
+            ),
+            (
+                "(components: [FormatGate(), TokenBudget(weight: 0.15)])",
+                "rewards.components[1].weight",
+            ),
+            (
+                "(components: [RecursionEfficiency(free_calls: 4, max_calls: 4)])",
+                "rewards.components[0].max_calls",
+            ),
+            (
+                "(components: [StepLevel(weight: 1.0, correct_floor: 1.5)])",
+                "rewards.components[0].correct_floor",
+            ),
+            (
+                "(components: [StepLevel(weight: 1.0, query_cap: 0)])",
+                "rewards.components[0].query_cap",
+            ),
+            (
+                "(components: [StepLevel(weight: 1.0, search_credit: -0.2)])",
+                "rewards.components[0].search_credit",
+            ),
+            (
+                "(components: [Correctness(), Correctness()])",
+                "\"correctness\"",
+            ),
+            (
+                "(components: [Custom(name: \"grounded\", weight: 1.0)])",
+                "no custom reward named \"grounded\"",
+            ),
         ] {
             let message = err(text);
             assert!(message.contains(field), "{text}: {message}");
@@ -550,7 +660,10 @@ mod tests {
             "constant"
         }
         fn range(&self) -> ValueRange {
-            ValueRange { min: -10.0, max: 10.0 }
+            ValueRange {
+                min: -10.0,
+                max: 10.0,
+            }
         }
         fn score(&self, _: &Episode<'_>) -> f64 {
             self.0
@@ -581,7 +694,10 @@ mod tests {
         )
         .unwrap();
         let composite = config.build(&registry()).unwrap();
-        assert_eq!(composite.names().collect::<Vec<_>>(), ["correctness", "constant"]);
+        assert_eq!(
+            composite.names().collect::<Vec<_>>(),
+            ["correctness", "constant"]
+        );
         assert_eq!(composite.weights().collect::<Vec<_>>(), [0.7, 0.5]);
     }
 
@@ -593,23 +709,47 @@ mod tests {
         .unwrap();
         let message = config.build(&registry()).unwrap_err().to_string();
         assert!(message.contains("rewards.components[1]"), "{message}");
-        assert!(message.contains("constant") && message.contains("valu"), "{message}");
+        assert!(
+            message.contains("constant") && message.contains("valu"),
+            "{message}"
+        );
     }
 
     #[test]
     fn recipe_extraction_ignores_other_fields_and_reports_positions() {
         let recipe = "#![enable(implicit_some)]\n(\n  model: (path: \"m\", lora: (r: 16)),\n  rewards: (incorrect_cap: 0.3),\n)";
-        assert_eq!(rewards_from_recipe(recipe).unwrap().incorrect_cap, Some(0.3));
-        for (cap, want) in [("Some(0.5)", Some(0.5)), ("None", None), ("1", Some(1.0)), ("0.2", Some(0.2))] {
+        assert_eq!(
+            rewards_from_recipe(recipe).unwrap().incorrect_cap,
+            Some(0.3)
+        );
+        for (cap, want) in [
+            ("Some(0.5)", Some(0.5)),
+            ("None", None),
+            ("1", Some(1.0)),
+            ("0.2", Some(0.2)),
+        ] {
             let recipe = format!("(rewards: (incorrect_cap: {cap}))");
-            assert_eq!(rewards_from_recipe(&recipe).unwrap().incorrect_cap, want, "{cap}");
+            assert_eq!(
+                rewards_from_recipe(&recipe).unwrap().incorrect_cap,
+                want,
+                "{cap}"
+            );
         }
         assert!(rewards_from_recipe("(rewards: (incorrect_cap: \"high\"))").is_err());
-        let broken = "(\n  steps: 3,\n  rewards: (components: [TokenBudget(free_tokens: \"many\")]),\n)";
+        let broken =
+            "(\n  steps: 3,\n  rewards: (components: [TokenBudget(free_tokens: \"many\")]),\n)";
         let message = rewards_from_recipe(broken).unwrap_err().to_string();
         assert!(message.contains("3:"), "{message}");
-        assert!(matches!(rewards_from_recipe("(steps: 3)"), Err(ConfigError::MissingRewards)));
-        assert!(rewards_from_recipe("(rewards: (), rewards: ())").unwrap_err().to_string().contains("rewards"));
+        assert!(matches!(
+            rewards_from_recipe("(steps: 3)"),
+            Err(ConfigError::MissingRewards)
+        ));
+        assert!(
+            rewards_from_recipe("(rewards: (), rewards: ())")
+                .unwrap_err()
+                .to_string()
+                .contains("rewards")
+        );
         assert!(rewards_from_recipe("not ron at all {").is_err());
         assert!(rewards_from_recipe("[1, 2]").is_err());
     }

@@ -64,15 +64,24 @@ pub struct TrajectoryBuilder {
 impl TrajectoryBuilder {
     /// An empty trajectory for the task with this id.
     pub fn new(task_id: &str) -> Self {
-        Self { task_id: task_id.to_owned(), steps: Vec::new(), end_reason: None }
+        Self {
+            task_id: task_id.to_owned(),
+            steps: Vec::new(),
+            end_reason: None,
+        }
     }
 
     /// Adds a code step whose cell printed `stdout`.
     pub fn code(mut self, code: &str, stdout: &str) -> Self {
         self.steps.push(Step {
             assistant: format!("```repl\n{code}\n```"),
-            action: Action::Code { code: code.to_owned() },
-            output: Some(ExecOutput { stdout: stdout.to_owned(), ..ExecOutput::default() }),
+            action: Action::Code {
+                code: code.to_owned(),
+            },
+            output: Some(ExecOutput {
+                stdout: stdout.to_owned(),
+                ..ExecOutput::default()
+            }),
             llm_calls: Vec::new(),
             accesses: Vec::new(),
             completion_tokens: estimate_tokens(code) + 4,
@@ -95,7 +104,13 @@ impl TrajectoryBuilder {
     /// # Panics
     /// If there is no step yet.
     pub fn search(self, pattern: &str, start: usize, end: usize) -> Self {
-        self.access(AccessKind::Search { pattern: pattern.to_owned() }, start, end)
+        self.access(
+            AccessKind::Search {
+                pattern: pattern.to_owned(),
+            },
+            start,
+            end,
+        )
     }
 
     /// Records that the last step searched for the substring `needle` over `[start, end)`.
@@ -103,7 +118,13 @@ impl TrajectoryBuilder {
     /// # Panics
     /// If there is no step yet.
     pub fn find(self, needle: &str, start: usize, end: usize) -> Self {
-        self.access(AccessKind::Find { needle: needle.to_owned() }, start, end)
+        self.access(
+            AccessKind::Find {
+                needle: needle.to_owned(),
+            },
+            start,
+            end,
+        )
     }
 
     /// Records a document access of any kind by the last step.
@@ -111,7 +132,10 @@ impl TrajectoryBuilder {
     /// # Panics
     /// If there is no step yet.
     pub fn access(mut self, kind: AccessKind, start: usize, end: usize) -> Self {
-        self.last_step().accesses.push(Access { kind, span: Span { start, end } });
+        self.last_step().accesses.push(Access {
+            kind,
+            span: Span { start, end },
+        });
         self
     }
 
@@ -144,10 +168,14 @@ impl TrajectoryBuilder {
 
     /// Adds a final answer turn with this verbatim assistant message; the episode ends on it.
     pub fn answer(mut self, message: &str) -> Self {
-        let text = crate::answer::FinalAnswer::parse(message).text().unwrap_or(message);
+        let text = crate::answer::FinalAnswer::parse(message)
+            .text()
+            .unwrap_or(message);
         self.steps.push(Step {
             assistant: message.to_owned(),
-            action: Action::Answer { text: text.to_owned() },
+            action: Action::Answer {
+                text: text.to_owned(),
+            },
             output: None,
             llm_calls: Vec::new(),
             accesses: Vec::new(),
@@ -163,7 +191,9 @@ impl TrajectoryBuilder {
     pub fn invalid(mut self, message: &str, reason: &str) -> Self {
         self.steps.push(Step {
             assistant: message.to_owned(),
-            action: Action::Invalid { reason: reason.to_owned() },
+            action: Action::Invalid {
+                reason: reason.to_owned(),
+            },
             output: None,
             llm_calls: Vec::new(),
             accesses: Vec::new(),
@@ -184,13 +214,25 @@ impl TrajectoryBuilder {
     /// prompt and question, then each assistant turn and its observation).
     pub fn build(self) -> Trajectory {
         let mut messages = vec![
-            Message { role: Role::System, content: "You have a Python REPL.".to_owned() },
-            Message { role: Role::User, content: "Question.".to_owned() },
+            Message {
+                role: Role::System,
+                content: "You have a Python REPL.".to_owned(),
+            },
+            Message {
+                role: Role::User,
+                content: "Question.".to_owned(),
+            },
         ];
         for step in &self.steps {
-            messages.push(Message { role: Role::Assistant, content: step.assistant.clone() });
+            messages.push(Message {
+                role: Role::Assistant,
+                content: step.assistant.clone(),
+            });
             if let Some(out) = &step.output {
-                messages.push(Message { role: Role::User, content: out.stdout.clone() });
+                messages.push(Message {
+                    role: Role::User,
+                    content: out.stdout.clone(),
+                });
             }
         }
         Trajectory {
@@ -203,6 +245,8 @@ impl TrajectoryBuilder {
     }
 
     fn last_step(&mut self) -> &mut Step {
-        self.steps.last_mut().expect("TrajectoryBuilder: add a step before describing it")
+        self.steps
+            .last_mut()
+            .expect("TrajectoryBuilder: add a step before describing it")
     }
 }

@@ -108,7 +108,10 @@ pub fn parse_number(text: &str) -> Option<f64> {
     };
     let sign = if s.starts_with('-') { "-" } else { "" };
     let literal = match frac {
-        Some(f) => format!("{sign}{}.{f}", if digits.is_empty() { "0" } else { &digits }),
+        Some(f) => format!(
+            "{sign}{}.{f}",
+            if digits.is_empty() { "0" } else { &digits }
+        ),
         None => format!("{sign}{digits}"),
     };
     literal.parse::<f64>().ok().filter(|v| v.is_finite())
@@ -134,7 +137,9 @@ pub struct AnswerMatcher {
 
 impl Default for AnswerMatcher {
     fn default() -> Self {
-        Self { numeric_tolerance: DEFAULT_NUMERIC_TOLERANCE }
+        Self {
+            numeric_tolerance: DEFAULT_NUMERIC_TOLERANCE,
+        }
     }
 }
 
@@ -143,13 +148,15 @@ impl AnswerMatcher {
     pub fn matches(&self, predicted: &str, gold: &str, aliases: &[String]) -> bool {
         let predicted_number = parse_number(predicted);
         let mut predicted_text: Option<String> = None;
-        std::iter::once(gold).chain(aliases.iter().map(String::as_str)).any(|accepted| {
-            if let (Some(a), Some(b)) = (predicted_number, parse_number(accepted)) {
-                return numbers_equal(a, b, self.numeric_tolerance);
-            }
-            let norm = predicted_text.get_or_insert_with(|| normalize(predicted));
-            !norm.is_empty() && *norm == normalize(accepted)
-        })
+        std::iter::once(gold)
+            .chain(aliases.iter().map(String::as_str))
+            .any(|accepted| {
+                if let (Some(a), Some(b)) = (predicted_number, parse_number(accepted)) {
+                    return numbers_equal(a, b, self.numeric_tolerance);
+                }
+                let norm = predicted_text.get_or_insert_with(|| normalize(predicted));
+                !norm.is_empty() && *norm == normalize(accepted)
+            })
     }
 }
 
@@ -219,7 +226,9 @@ mod tests {
 
     #[test]
     fn parse_number_rejects_malformed() {
-        for bad in ["", "-", ".", "1.", "1.2.3", "1,2", ",123", "1,2345", "abc", "1 000", "+-1"] {
+        for bad in [
+            "", "-", ".", "1.", "1.2.3", "1,2", ",123", "1,2345", "abc", "1 000", "+-1",
+        ] {
             assert_eq!(parse_number(bad), None, "{bad:?}");
         }
         assert_eq!(parse_number("+3"), Some(3.0));

@@ -16,8 +16,13 @@ use thiserror::Error;
 use crate::reward::Reward;
 
 /// Names of the built-in components, which custom rewards may not take.
-pub const BUILT_IN_NAMES: [&str; 5] =
-    ["format_gate", "correctness", "token_budget", "recursion_efficiency", "step_level"];
+pub const BUILT_IN_NAMES: [&str; 5] = [
+    "format_gate",
+    "correctness",
+    "token_budget",
+    "recursion_efficiency",
+    "step_level",
+];
 
 /// The `params` of a `Custom(…)` component: kept as the recipe's RON text, and parsed by the
 /// reward's factory into its own parameter type — so params can use all of RON, enums
@@ -50,7 +55,9 @@ impl Default for Params {
 impl Params {
     /// Parses params from RON text (checked to be one well-formed RON value).
     pub fn from_ron(text: &str) -> Result<Self, ParamsError> {
-        ron::value::RawValue::from_boxed_ron(text.into()).map(Self).map_err(|e| ParamsError::new(e.to_string()))
+        ron::value::RawValue::from_boxed_ron(text.into())
+            .map(Self)
+            .map_err(|e| ParamsError::new(e.to_string()))
     }
 
     /// The params' RON text, as written in the recipe.
@@ -62,7 +69,9 @@ impl Params {
     /// rejected by types that use `#[serde(deny_unknown_fields)]`, with the field's name and
     /// its position within the params.
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ParamsError> {
-        self.0.into_rust().map_err(|e| ParamsError::new(e.to_string()))
+        self.0
+            .into_rust()
+            .map_err(|e| ParamsError::new(e.to_string()))
     }
 }
 
@@ -155,7 +164,9 @@ pub struct RewardRegistry {
 
 impl fmt::Debug for RewardRegistry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RewardRegistry").field("names", &self.factories.keys().collect::<Vec<_>>()).finish()
+        f.debug_struct("RewardRegistry")
+            .field("names", &self.factories.keys().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -170,7 +181,11 @@ impl RewardRegistry {
     where
         F: Fn(&Params) -> Result<Box<dyn Reward>, ParamsError> + Send + Sync + 'static,
     {
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
             return Err(RegistryError::InvalidName(name.to_owned()));
         }
         if BUILT_IN_NAMES.contains(&name) {
@@ -194,11 +209,17 @@ impl RewardRegistry {
             let known = self.names().collect::<Vec<_>>().join(", ");
             RegistryError::Unknown {
                 name: name.to_owned(),
-                known: if known.is_empty() { "none".to_owned() } else { known },
+                known: if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known
+                },
             }
         })?;
-        let reward =
-            factory(params).map_err(|error| RegistryError::Params { name: name.to_owned(), error })?;
+        let reward = factory(params).map_err(|error| RegistryError::Params {
+            name: name.to_owned(),
+            error,
+        })?;
         if reward.name() != name {
             return Err(RegistryError::NameMismatch {
                 registered: name.to_owned(),

@@ -39,8 +39,15 @@ impl<'a> Episode<'a> {
     /// ```
     pub fn new(task: &'a Task, trajectory: &'a Trajectory, matcher: &AnswerMatcher) -> Self {
         let answer = FinalAnswer::of(trajectory);
-        let correct = answer.text().is_some_and(|text| matcher.matches(text, &task.answer, &task.aliases));
-        Self { task, trajectory, answer, correct }
+        let correct = answer
+            .text()
+            .is_some_and(|text| matcher.matches(text, &task.answer, &task.aliases));
+        Self {
+            task,
+            trajectory,
+            answer,
+            correct,
+        }
     }
 }
 

@@ -198,7 +198,9 @@ pub fn classify(episode: &Episode<'_>, verification_budget: usize) -> Vec<Classi
     let mut out = Vec::new();
 
     for (index, step) in steps.iter().enumerate() {
-        let Action::Code { code } = &step.action else { continue };
+        let Action::Code { code } = &step.action else {
+            continue;
+        };
         let collapsed = code.split_whitespace().collect::<Vec<_>>().join(" ");
         let repeated_code = !seen_code.insert(collapsed);
 
@@ -231,7 +233,10 @@ pub fn classify(episode: &Episode<'_>, verification_budget: usize) -> Vec<Classi
         } else {
             CallClass::Compute
         };
-        out.push(ClassifiedCall { call: CallRef::Cell { step: index }, class });
+        out.push(ClassifiedCall {
+            call: CallRef::Cell { step: index },
+            class,
+        });
 
         for (call, llm) in step.llm_calls.iter().enumerate() {
             let class = if asked.insert(llm.prompt.trim()) {
@@ -239,7 +244,10 @@ pub fn classify(episode: &Episode<'_>, verification_budget: usize) -> Vec<Classi
             } else {
                 CallClass::RedundantQuery
             };
-            out.push(ClassifiedCall { call: CallRef::Llm { step: index, call }, class });
+            out.push(ClassifiedCall {
+                call: CallRef::Llm { step: index, call },
+                class,
+            });
         }
     }
     out
@@ -253,21 +261,31 @@ fn answer_source(episode: &Episode<'_>) -> (Option<usize>, Vec<Span>) {
     if let Some(answer) = episode.answer.text() {
         let shown = steps.iter().position(|s| {
             matches!(s.action, Action::Code { .. })
-                && s.output.as_ref().is_some_and(|o| contains_words(&o.stdout, answer))
+                && s.output
+                    .as_ref()
+                    .is_some_and(|o| contains_words(&o.stdout, answer))
         });
         if let Some(i) = shown {
             first = Some(i);
             let accesses = &steps[i].accesses;
-            let slices: Vec<Span> =
-                accesses.iter().filter(|a| a.kind == AccessKind::Slice).map(|a| a.span).collect();
-            spans = if slices.is_empty() { accesses.iter().map(|a| a.span).collect() } else { slices };
+            let slices: Vec<Span> = accesses
+                .iter()
+                .filter(|a| a.kind == AccessKind::Slice)
+                .map(|a| a.span)
+                .collect();
+            spans = if slices.is_empty() {
+                accesses.iter().map(|a| a.span).collect()
+            } else {
+                slices
+            };
         }
     }
     if episode.correct && !episode.task.evidence.is_empty() {
         spans.extend_from_slice(&episode.task.evidence);
         let read_evidence = steps.iter().position(|s| {
             s.accesses.iter().any(|a| {
-                a.kind == AccessKind::Slice && episode.task.evidence.iter().any(|e| e.overlaps(&a.span))
+                a.kind == AccessKind::Slice
+                    && episode.task.evidence.iter().any(|e| e.overlaps(&a.span))
             })
         });
         first = match (first, read_evidence) {
@@ -290,7 +308,10 @@ impl Coverage {
         if span.start >= span.end {
             return false;
         }
-        let covered = self.ranges.iter().any(|r| r.start <= span.start && span.end <= r.end);
+        let covered = self
+            .ranges
+            .iter()
+            .any(|r| r.start <= span.start && span.end <= r.end);
         if covered {
             return false;
         }
@@ -298,7 +319,10 @@ impl Coverage {
         self.ranges.retain(|r| {
             let touches = r.start <= merged.end && merged.start <= r.end;
             if touches {
-                merged = Span { start: merged.start.min(r.start), end: merged.end.max(r.end) };
+                merged = Span {
+                    start: merged.start.min(r.start),
+                    end: merged.end.max(r.end),
+                };
             }
             !touches
         });
@@ -381,8 +405,13 @@ impl Reward for StepLevel {
     }
 
     fn range(&self) -> ValueRange {
-        let best = 1.0_f64.max(self.correct_floor).max(self.search_credit + self.query_credit);
-        ValueRange { min: 0.0, max: self.format_bonus + best }
+        let best = 1.0_f64
+            .max(self.correct_floor)
+            .max(self.search_credit + self.query_credit);
+        ValueRange {
+            min: 0.0,
+            max: self.format_bonus + best,
+        }
     }
 
     fn score(&self, episode: &Episode<'_>) -> f64 {
@@ -415,10 +444,16 @@ mod tests {
         let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
         let mut b = TrajectoryBuilder::new("t");
         for i in 0..20 {
-            b = b.code(&format!("print({i})"), "x").llm(&format!("guess {i}"), "Lyon");
+            b = b
+                .code(&format!("print({i})"), "x")
+                .llm(&format!("guess {i}"), "Lyon");
         }
         let traj = b.answer("<answer>Lyon</answer>").build();
-        assert!(classes(&task, &traj).iter().all(|c| matches!(c, CallClass::Compute | CallClass::Query)));
+        assert!(
+            classes(&task, &traj)
+                .iter()
+                .all(|c| matches!(c, CallClass::Compute | CallClass::Query))
+        );
         assert!((score(&task, &traj) - 0.1).abs() < 1e-12);
     }
 
@@ -427,15 +462,24 @@ mod tests {
         let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
         let mut b = TrajectoryBuilder::new("t");
         for i in 0..40 {
-            b = b.code(&format!("search {i}"), "").search(&format!("p{i}"), 0, 40);
+            b = b
+                .code(&format!("search {i}"), "")
+                .search(&format!("p{i}"), 0, 40);
             b = b.code(&format!("read {i}"), "").slice(i, i + 1);
         }
         let traj = b.answer("<answer>Lyon</answer>").build();
-        assert!((score(&task, &traj) - 0.5).abs() < 1e-12, "{}", score(&task, &traj));
+        assert!(
+            (score(&task, &traj) - 0.5).abs() < 1e-12,
+            "{}",
+            score(&task, &traj)
+        );
         let half = TrajectoryBuilder::new("t")
-            .code("a", "").search("p", 0, 40)
-            .code("b", "").search("q", 0, 40)
-            .code("c", "").slice(0, 4)
+            .code("a", "")
+            .search("p", 0, 40)
+            .code("b", "")
+            .search("q", 0, 40)
+            .code("c", "")
+            .slice(0, 4)
             .answer("<answer>Lyon</answer>")
             .build();
         // 0.1 + 0.2·(2/8) + 0.2·(1/16)
@@ -445,13 +489,19 @@ mod tests {
     #[test]
     fn correct_answers_score_by_redundancy_with_a_floor() {
         let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
-        let direct = TrajectoryBuilder::new("t").answer("<answer>Paris</answer>").build();
+        let direct = TrajectoryBuilder::new("t")
+            .answer("<answer>Paris</answer>")
+            .build();
         assert!((score(&task, &direct) - 1.1).abs() < 1e-12);
         let one_of_four = TrajectoryBuilder::new("t")
-            .code("a", "").find("key 7", 0, 40)
-            .code("b", "").find("key 7", 0, 40)
-            .code("c", "key 7 = Paris").slice(16, 27)
-            .code("d", "").slice(0, 3)
+            .code("a", "")
+            .find("key 7", 0, 40)
+            .code("b", "")
+            .find("key 7", 0, 40)
+            .code("c", "key 7 = Paris")
+            .slice(16, 27)
+            .code("d", "")
+            .slice(0, 3)
             .answer("<answer>Paris</answer>")
             .build();
         assert!((score(&task, &one_of_four) - (0.1 + 0.75)).abs() < 1e-12);
@@ -463,11 +513,16 @@ mod tests {
     fn verification_needs_the_answer_first_and_respects_the_budget() {
         let task = task("t", Family::Needle, DOC, "key 7?", "Paris");
         let traj = TrajectoryBuilder::new("t")
-            .code("a", "").slice(0, 10)
-            .code("b", "").slice(0, 10)
-            .code("c", "key 7 = Paris").slice(16, 27)
-            .code("d", "").slice(18, 25)
-            .code("e", "").slice(16, 20)
+            .code("a", "")
+            .slice(0, 10)
+            .code("b", "")
+            .slice(0, 10)
+            .code("c", "key 7 = Paris")
+            .slice(16, 27)
+            .code("d", "")
+            .slice(18, 25)
+            .code("e", "")
+            .slice(16, 20)
             .answer("<answer>Paris</answer>")
             .build();
         assert_eq!(
@@ -489,17 +544,32 @@ mod tests {
         // The answer never appears in an output (it came from an llm() response), but the
         // evidence was read, so re-reading it later is a verification.
         let traj = TrajectoryBuilder::new("t")
-            .code("a", "").slice(10, 30).llm("what is key 7?", "Paris")
-            .code("b", "").slice(16, 27)
+            .code("a", "")
+            .slice(10, 30)
+            .llm("what is key 7?", "Paris")
+            .code("b", "")
+            .slice(16, 27)
             .answer("<answer>Paris</answer>")
             .build();
-        assert_eq!(classes(&task, &traj), [CallClass::Exploration, CallClass::Query, CallClass::Verification]);
+        assert_eq!(
+            classes(&task, &traj),
+            [
+                CallClass::Exploration,
+                CallClass::Query,
+                CallClass::Verification
+            ]
+        );
         let wrong = TrajectoryBuilder::new("t")
-            .code("a", "").slice(10, 30)
-            .code("b", "").slice(16, 27)
+            .code("a", "")
+            .slice(10, 30)
+            .code("b", "")
+            .slice(16, 27)
             .answer("<answer>Lyon</answer>")
             .build();
-        assert_eq!(classes(&task, &wrong), [CallClass::Exploration, CallClass::RedundantSearch]);
+        assert_eq!(
+            classes(&task, &wrong),
+            [CallClass::Exploration, CallClass::RedundantSearch]
+        );
     }
 
     #[test]

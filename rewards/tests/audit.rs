@@ -32,7 +32,13 @@ fn document() -> String {
 }
 
 fn needle_task() -> Task {
-    let mut t = task("audit-0", Family::Needle, &document(), "What is stored under key 7?", "Paris");
+    let mut t = task(
+        "audit-0",
+        Family::Needle,
+        &document(),
+        "What is stored under key 7?",
+        "Paris",
+    );
     t.aliases = vec!["City of Paris".to_owned()];
     t
 }
@@ -86,7 +92,12 @@ impl Reward for Generous {
 
 fn with_generous_custom() -> Composite {
     let mut registry = RewardRegistry::new();
-    registry.register("generous", |_: &_| Ok(Box::new(Generous) as Box<dyn Reward>)).unwrap();
+    registry
+        .register(
+            "generous",
+            |_: &_| Ok(Box::new(Generous) as Box<dyn Reward>),
+        )
+        .unwrap();
     let mut config = RewardsConfig::default();
     config.components.push(ComponentConfig::Custom {
         name: "generous".into(),
@@ -110,11 +121,16 @@ const EPS: f64 = 1e-12;
 fn masked(answer: &str) -> Vec<Trajectory> {
     let mut guessing = TrajectoryBuilder::new("audit-0");
     for i in 0..12 {
-        guessing = guessing.code(&format!("print('guess {i}')"), &format!("guess {i}")).llm(&format!("Guess {i}?"), "Lyon");
+        guessing = guessing
+            .code(&format!("print('guess {i}')"), &format!("guess {i}"))
+            .llm(&format!("Guess {i}?"), "Lyon");
     }
     vec![
         TrajectoryBuilder::new("audit-0").answer(answer).build(),
-        TrajectoryBuilder::new("audit-0").code("print(1 + 1)", "2").answer(answer).build(),
+        TrajectoryBuilder::new("audit-0")
+            .code("print(1 + 1)", "2")
+            .answer(answer)
+            .build(),
         guessing.answer(answer).build(),
     ]
 }
@@ -122,17 +138,25 @@ fn masked(answer: &str) -> Vec<Trajectory> {
 #[test]
 fn audit_masked_context_scores_at_most_the_format_credit() {
     let task = needle_task();
-    for (composite, format_credit) in
-        [(default_composite(), 0.10), (with_step_level(), 0.10 + STEP_WEIGHT * STEP_FORMAT_BONUS)]
-    {
-        for answer in ["<answer>Lyon</answer>", "<answer>key 7</answer>", "Lyon", "<answer>Paris, Lyon</answer>"] {
+    for (composite, format_credit) in [
+        (default_composite(), 0.10),
+        (with_step_level(), 0.10 + STEP_WEIGHT * STEP_FORMAT_BONUS),
+    ] {
+        for answer in [
+            "<answer>Lyon</answer>",
+            "<answer>key 7</answer>",
+            "Lyon",
+            "<answer>Paris, Lyon</answer>",
+        ] {
             for traj in masked(answer) {
                 let t = total(&composite, &task, &traj);
                 assert!(t <= format_credit + EPS, "{answer}: {t} > {format_credit}");
             }
         }
         // Positive control: the bound is tight for a well-formed guess with no tool use.
-        let direct = TrajectoryBuilder::new("audit-0").answer("<answer>Lyon</answer>").build();
+        let direct = TrajectoryBuilder::new("audit-0")
+            .answer("<answer>Lyon</answer>")
+            .build();
         assert!((total(&composite, &task, &direct) - format_credit).abs() < EPS);
     }
 }
@@ -150,7 +174,11 @@ fn audit_masked_context_gold_answer_is_the_only_exception() {
 #[test]
 fn audit_format_only_wrong_answers_score_at_most_the_cap() {
     let task = needle_task();
-    let wrong = ["<answer>Lyon</answer>", "<answer>42</answer>", "<answer>key 7</answer>"];
+    let wrong = [
+        "<answer>Lyon</answer>",
+        "<answer>42</answer>",
+        "<answer>key 7</answer>",
+    ];
     for answer in wrong {
         let traj = honest(answer);
         assert!(total(&default_composite(), &task, &traj) <= 0.10 + EPS);
@@ -158,10 +186,19 @@ fn audit_format_only_wrong_answers_score_at_most_the_cap() {
         // Even a custom reward paying 1.0 for anything cannot lift a wrong answer above 0.25.
         let generous = with_generous_custom();
         let b = generous.score(&task, &traj).unwrap();
-        assert!(b.sum > 0.25 && b.capped && (b.total - 0.25).abs() < EPS, "{answer}: {b:?}");
+        assert!(
+            b.sum > 0.25 && b.capped && (b.total - 0.25).abs() < EPS,
+            "{answer}: {b:?}"
+        );
     }
     // Positive control: the same composite pays a correct answer more than the cap.
-    assert!(total(&with_generous_custom(), &task, &honest("<answer>Paris</answer>")) > 1.0);
+    assert!(
+        total(
+            &with_generous_custom(),
+            &task,
+            &honest("<answer>Paris</answer>")
+        ) > 1.0
+    );
 }
 
 #[test]
@@ -181,7 +218,10 @@ fn audit_format_only_malformed_or_repeated_tags_earn_no_format_bonus() {
     ];
     // Without the step-level reward nothing is left; with it, only RAPO's exploration credit
     // for wrong answers (c_S + c_Q = 0.4 at most, times its weight) — never a format bonus.
-    for (composite, bound) in [(default_composite(), 0.0), (with_step_level(), STEP_WEIGHT * 0.4)] {
+    for (composite, bound) in [
+        (default_composite(), 0.0),
+        (with_step_level(), STEP_WEIGHT * 0.4),
+    ] {
         for message in malformed {
             let traj = honest(message);
             let b = composite.score(&task, &traj).unwrap();
@@ -190,7 +230,15 @@ fn audit_format_only_malformed_or_repeated_tags_earn_no_format_bonus() {
             assert!(b.total <= bound + EPS, "{message}: {}", b.total);
         }
         // Positive control.
-        assert_eq!(component(&composite, &task, &honest("<answer>Paris</answer>"), "format_gate"), 1.0);
+        assert_eq!(
+            component(
+                &composite,
+                &task,
+                &honest("<answer>Paris</answer>"),
+                "format_gate"
+            ),
+            1.0
+        );
     }
 }
 
@@ -198,7 +246,12 @@ fn audit_format_only_malformed_or_repeated_tags_earn_no_format_bonus() {
 fn audit_length_gaming_more_tool_tokens_never_raise_the_score() {
     let task = needle_task();
     for composite in [default_composite(), with_step_level()] {
-        for answer in ["<answer>Paris</answer>", "<answer>Lyon</answer>", "<answer>Paris", "no answer"] {
+        for answer in [
+            "<answer>Paris</answer>",
+            "<answer>Lyon</answer>",
+            "<answer>Paris",
+            "no answer",
+        ] {
             let mut previous = f64::INFINITY;
             for tokens in (0..=40_000).step_by(250) {
                 let traj = TrajectoryBuilder::new("audit-0")
@@ -208,7 +261,10 @@ fn audit_length_gaming_more_tool_tokens_never_raise_the_score() {
                     .answer(answer)
                     .build();
                 let t = total(&composite, &task, &traj);
-                assert!(t <= previous + EPS, "{answer}: {tokens} tokens scored {t} > {previous}");
+                assert!(
+                    t <= previous + EPS,
+                    "{answer}: {tokens} tokens scored {t} > {previous}"
+                );
                 previous = t;
             }
         }
@@ -240,19 +296,34 @@ fn with_llm_calls(answer: &str, calls: usize, refused: bool) -> Trajectory {
 fn audit_recursion_spam_more_llm_calls_never_raise_the_score() {
     let task = needle_task();
     let c = default_composite();
-    for answer in ["<answer>Paris</answer>", "<answer>Lyon</answer>", "<answer>Paris"] {
+    for answer in [
+        "<answer>Paris</answer>",
+        "<answer>Lyon</answer>",
+        "<answer>Paris",
+    ] {
         for refused in [false, true] {
             let mut previous = f64::INFINITY;
             for calls in 0..=30 {
                 let t = total(&c, &task, &with_llm_calls(answer, calls, refused));
-                assert!(t <= previous + EPS, "{answer}: {calls} calls scored {t} > {previous}");
+                assert!(
+                    t <= previous + EPS,
+                    "{answer}: {calls} calls scored {t} > {previous}"
+                );
                 previous = t;
             }
         }
     }
     // Positive control: calls cost a correct answer its efficiency bonus.
-    let few = total(&c, &task, &with_llm_calls("<answer>Paris</answer>", 0, false));
-    let many = total(&c, &task, &with_llm_calls("<answer>Paris</answer>", 10, false));
+    let few = total(
+        &c,
+        &task,
+        &with_llm_calls("<answer>Paris</answer>", 0, false),
+    );
+    let many = total(
+        &c,
+        &task,
+        &with_llm_calls("<answer>Paris</answer>", 10, false),
+    );
     assert!((few - many - 0.15).abs() < EPS);
 }
 
@@ -260,11 +331,21 @@ fn audit_recursion_spam_more_llm_calls_never_raise_the_score() {
 fn audit_recursion_spam_wrong_answers_earn_nothing_for_calls() {
     let task = needle_task();
     for composite in [default_composite(), with_step_level()] {
-        let base = total(&composite, &task, &with_llm_calls("<answer>Lyon</answer>", 0, false));
+        let base = total(
+            &composite,
+            &task,
+            &with_llm_calls("<answer>Lyon</answer>", 0, false),
+        );
         for calls in 1..=30 {
             let traj = with_llm_calls("<answer>Lyon</answer>", calls, false);
-            assert_eq!(component(&composite, &task, &traj, "recursion_efficiency"), 0.0);
-            assert!(total(&composite, &task, &traj) <= base + EPS, "{calls} calls");
+            assert_eq!(
+                component(&composite, &task, &traj, "recursion_efficiency"),
+                0.0
+            );
+            assert!(
+                total(&composite, &task, &traj) <= base + EPS,
+                "{calls} calls"
+            );
         }
     }
 }
@@ -317,11 +398,17 @@ fn audit_step_level_repeating_a_search_never_raises_the_score() {
                 .find("key 7", 0, 4200)
                 .tokens(0, 0);
             for _ in 0..repeats {
-                b = b.code("print(context.find('key 7'))", "2000").find("key 7", 0, 4200).tokens(0, 0);
+                b = b
+                    .code("print(context.find('key 7'))", "2000")
+                    .find("key 7", 0, 4200)
+                    .tokens(0, 0);
             }
             let traj = b.answer(answer).build();
             let t = total(&c, &task, &traj);
-            assert!(t <= previous + EPS, "{answer}: {repeats} repeats scored {t} > {previous}");
+            assert!(
+                t <= previous + EPS,
+                "{answer}: {repeats} repeats scored {t} > {previous}"
+            );
             previous = t;
         }
     }

@@ -26,50 +26,77 @@ fn the_task(aliases: Vec<String>, evidence: Vec<Span>) -> Task {
 }
 
 fn span() -> impl Strategy<Value = Span> {
-    (0..DOC_LEN, 0..40usize).prop_map(|(start, len)| Span { start, end: (start + len).min(DOC_LEN) })
+    (0..DOC_LEN, 0..40usize).prop_map(|(start, len)| Span {
+        start,
+        end: (start + len).min(DOC_LEN),
+    })
 }
 
 fn access() -> impl Strategy<Value = Access> {
     let kind = prop_oneof![
         Just(AccessKind::Slice),
-        prop::sample::select(vec!["key", "k.y", "7"]).prop_map(|p| AccessKind::Search { pattern: p.to_owned() }),
-        prop::sample::select(vec!["key", "Paris"]).prop_map(|n| AccessKind::Find { needle: n.to_owned() }),
+        prop::sample::select(vec!["key", "k.y", "7"]).prop_map(|p| AccessKind::Search {
+            pattern: p.to_owned()
+        }),
+        prop::sample::select(vec!["key", "Paris"]).prop_map(|n| AccessKind::Find {
+            needle: n.to_owned()
+        }),
     ];
     (kind, span()).prop_map(|(kind, span)| Access { kind, span })
 }
 
 fn llm_call() -> impl Strategy<Value = LlmCall> {
-    (prop::sample::select(vec!["a", "b", "summarise", " a "]), any::<bool>()).prop_map(|(prompt, refused)| {
-        LlmCall {
+    (
+        prop::sample::select(vec!["a", "b", "summarise", " a "]),
+        any::<bool>(),
+    )
+        .prop_map(|(prompt, refused)| LlmCall {
             prompt: prompt.to_owned(),
             response: "Paris".to_owned(),
             depth: 1,
             prompt_tokens: 3,
             response_tokens: 1,
             refused: refused.then(|| "cap".to_owned()),
-        }
-    })
+        })
 }
 
 fn code_step() -> impl Strategy<Value = Step> {
     (
-        prop::sample::select(vec!["print(1)", "print(context[:9])", "re.findall('key', context)", "x = 2"]),
-        prop::sample::select(vec!["", "Paris", "key 7 = Paris", "Lyon", "<answer>Paris</answer>"]),
+        prop::sample::select(vec![
+            "print(1)",
+            "print(context[:9])",
+            "re.findall('key', context)",
+            "x = 2",
+        ]),
+        prop::sample::select(vec![
+            "",
+            "Paris",
+            "key 7 = Paris",
+            "Lyon",
+            "<answer>Paris</answer>",
+        ]),
         prop::collection::vec(access(), 0..4),
         prop::collection::vec(llm_call(), 0..3),
         0..5000usize,
         0..5000usize,
     )
-        .prop_map(|(code, stdout, accesses, llm_calls, code_tokens, output_tokens)| Step {
-            assistant: format!("```repl\n{code}\n```"),
-            action: Action::Code { code: code.to_owned() },
-            output: Some(ExecOutput { stdout: stdout.to_owned(), ..ExecOutput::default() }),
-            llm_calls,
-            accesses,
-            completion_tokens: 10,
-            code_tokens,
-            output_tokens,
-        })
+        .prop_map(
+            |(code, stdout, accesses, llm_calls, code_tokens, output_tokens)| Step {
+                assistant: format!("```repl\n{code}\n```"),
+                action: Action::Code {
+                    code: code.to_owned(),
+                },
+                output: Some(ExecOutput {
+                    stdout: stdout.to_owned(),
+                    ..ExecOutput::default()
+                }),
+                llm_calls,
+                accesses,
+                completion_tokens: 10,
+                code_tokens,
+                output_tokens,
+            },
+        )
 }
 
 fn final_message() -> impl Strategy<Value = Option<String>> {
@@ -93,7 +120,9 @@ fn trajectory() -> impl Strategy<Value = Trajectory> {
             Some(message) => {
                 steps.push(Step {
                     assistant: message.clone(),
-                    action: Action::Answer { text: message.clone() },
+                    action: Action::Answer {
+                        text: message.clone(),
+                    },
                     output: None,
                     llm_calls: Vec::new(),
                     accesses: Vec::new(),
@@ -105,44 +134,80 @@ fn trajectory() -> impl Strategy<Value = Trajectory> {
             }
             None => EndReason::IterationCap,
         };
-        let messages = vec![Message { role: Role::User, content: "key 7?".to_owned() }];
-        Trajectory { task_id: "p".to_owned(), messages, steps, end_reason, elapsed_ms: 1.0 }
+        let messages = vec![Message {
+            role: Role::User,
+            content: "key 7?".to_owned(),
+        }];
+        Trajectory {
+            task_id: "p".to_owned(),
+            messages,
+            steps,
+            end_reason,
+            elapsed_ms: 1.0,
+        }
     })
 }
 
 fn task_strategy() -> impl Strategy<Value = Task> {
-    (prop::option::of(Just("the City of Light".to_owned())), prop::collection::vec(span(), 0..2))
+    (
+        prop::option::of(Just("the City of Light".to_owned())),
+        prop::collection::vec(span(), 0..2),
+    )
         .prop_map(|(alias, evidence)| the_task(alias.into_iter().collect(), evidence))
 }
 
 /// A configuration with arbitrary (valid) weights, constants and cap, all components on.
 fn config() -> impl Strategy<Value = RewardsConfig> {
     (
-        (0.0..2.0f64, 0.0..2.0f64, -2.0..=0.0f64, 0.0..2.0f64, 0.0..2.0f64),
+        (
+            0.0..2.0f64,
+            0.0..2.0f64,
+            -2.0..=0.0f64,
+            0.0..2.0f64,
+            0.0..2.0f64,
+        ),
         (0..5000usize, 1..20000usize, 0..5usize, 1..20usize),
-        (0.0..0.5f64, 0.0..=1.0f64, 0.0..0.5f64, 0.0..0.5f64, 1..10usize, 1..20usize, 0..3usize),
+        (
+            0.0..0.5f64,
+            0.0..=1.0f64,
+            0.0..0.5f64,
+            0.0..0.5f64,
+            1..10usize,
+            1..20usize,
+            0..3usize,
+        ),
         prop::option::of(-0.5..1.5f64),
     )
-        .prop_map(|(w, (free_t, extra_t, free_c, extra_c), s, incorrect_cap)| RewardsConfig {
-            incorrect_cap,
-            matching: AnswerMatcher::default(),
-            components: vec![
-                ComponentConfig::FormatGate { weight: w.0 },
-                ComponentConfig::Correctness { weight: w.1 },
-                ComponentConfig::TokenBudget { weight: w.2, free_tokens: free_t, saturate_tokens: free_t + extra_t },
-                ComponentConfig::RecursionEfficiency { weight: w.3, free_calls: free_c, max_calls: free_c + extra_c },
-                ComponentConfig::StepLevel {
-                    weight: w.4,
-                    format_bonus: s.0,
-                    correct_floor: s.1,
-                    search_credit: s.2,
-                    query_credit: s.3,
-                    search_cap: s.4,
-                    query_cap: s.5,
-                    verification_budget: s.6,
-                },
-            ],
-        })
+        .prop_map(
+            |(w, (free_t, extra_t, free_c, extra_c), s, incorrect_cap)| RewardsConfig {
+                incorrect_cap,
+                matching: AnswerMatcher::default(),
+                components: vec![
+                    ComponentConfig::FormatGate { weight: w.0 },
+                    ComponentConfig::Correctness { weight: w.1 },
+                    ComponentConfig::TokenBudget {
+                        weight: w.2,
+                        free_tokens: free_t,
+                        saturate_tokens: free_t + extra_t,
+                    },
+                    ComponentConfig::RecursionEfficiency {
+                        weight: w.3,
+                        free_calls: free_c,
+                        max_calls: free_c + extra_c,
+                    },
+                    ComponentConfig::StepLevel {
+                        weight: w.4,
+                        format_bonus: s.0,
+                        correct_floor: s.1,
+                        search_credit: s.2,
+                        query_credit: s.3,
+                        search_cap: s.4,
+                        query_cap: s.5,
+                        verification_budget: s.6,
+                    },
+                ],
+            },
+        )
 }
 
 proptest! {

@@ -46,11 +46,22 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<()> {
         }
         None => RewardsConfig::default(),
     };
-    let origin = args.recipe.as_deref().map_or("the default rewards".to_owned(), |p| p.display().to_string());
-    let composite = config.build(&registry).with_context(|| format!("validating {origin}"))?;
+    let origin = args
+        .recipe
+        .as_deref()
+        .map_or("the default rewards".to_owned(), |p| {
+            p.display().to_string()
+        });
+    let composite = config
+        .build(&registry)
+        .with_context(|| format!("validating {origin}"))?;
 
     let breakdown = composite.score(&task, &trajectory).with_context(|| {
-        format!("scoring {} against {}", args.trajectory.display(), args.task.display())
+        format!(
+            "scoring {} against {}",
+            args.trajectory.display(),
+            args.task.display()
+        )
     })?;
     println!("{}", serde_json::to_string_pretty(&breakdown)?);
     Ok(())
