@@ -150,6 +150,19 @@ pub struct Services {
     pub config: EnvConfig,
 }
 
+impl Services {
+    /// Services with the approximate token counter, no recursion policy and default settings.
+    pub fn new(pool: SandboxPool, sub_lm: Arc<dyn SubLm>) -> Services {
+        Services {
+            pool,
+            sub_lm,
+            policy: None,
+            tokens: Arc::new(crate::tokens::ApproxTokens),
+            config: EnvConfig::default(),
+        }
+    }
+}
+
 /// Who an episode is about.
 struct Subject {
     id: String,

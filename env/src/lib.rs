@@ -1,6 +1,7 @@
 //! Fathom's RLM environment.
 
 pub mod env;
+pub mod expert;
 pub mod parse;
 pub mod policy;
 pub mod prompt;
