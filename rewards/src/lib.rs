@@ -33,9 +33,9 @@
 //!
 //! # The reward audit
 //!
-//! `cargo test -p fathom-rewards --test audit` runs one adversarial probe per known attack
-//! (masked context, format only, length gaming, recursion spam, copy-pasted gold) against the
-//! bound it must respect; `--test properties` checks ranges and the composite's arithmetic on
+//! `cargo test -p fathom-rewards --test audit` (or `cargo test -p fathom-rewards audit`) runs
+//! one adversarial probe per known attack (masked context, format only, length gaming,
+//! recursion spam, copy-pasted gold) against the bound it must respect; `--test properties` checks ranges and the composite's arithmetic on
 //! arbitrary trajectories.
 
 pub mod answer;
