@@ -394,7 +394,9 @@ impl StepLevel {
             let search = (counts.unique_search as f64 / self.search_cap.max(1) as f64).min(1.0);
             let reads = counts.exploration + counts.verification;
             let query = (reads as f64 / self.query_cap.max(1) as f64).min(1.0);
-            format + self.search_credit * search + self.query_credit * query
+            // Clamped to the declared maximum only to absorb floating-point rounding:
+            // `(b + c_S) + c_Q` may exceed `b + (c_S + c_Q)` by one ulp.
+            (format + self.search_credit * search + self.query_credit * query).min(self.range().max)
         }
     }
 }
@@ -570,6 +572,30 @@ mod tests {
             classes(&task, &wrong),
             [CallClass::Exploration, CallClass::RedundantSearch]
         );
+    }
+
+    #[test]
+    fn full_exploration_credit_stays_within_the_declared_range() {
+        // (0.01 + 0.12) + 0.95 > 0.01 + (0.12 + 0.95) in f64, and c_S + c_Q > 1 sets the
+        // declared maximum: the clamp absorbs the ulp.
+        let step = StepLevel {
+            format_bonus: 0.01,
+            search_credit: 0.12,
+            query_credit: 0.95,
+            ..StepLevel::default()
+        };
+        let counts = CallCounts {
+            unique_search: 8,
+            exploration: 16,
+            ..CallCounts::default()
+        };
+        let value = step.from_counts(&counts, false, true);
+        assert!(
+            step.range().contains(value),
+            "{value} outside {:?}",
+            step.range()
+        );
+        assert!((value - 1.08).abs() < 1e-12);
     }
 
     #[test]
