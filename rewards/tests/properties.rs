@@ -170,8 +170,8 @@ fn config() -> impl Strategy<Value = RewardsConfig> {
         (
             0.0..0.5f64,
             0.0..=1.0f64,
-            0.0..0.5f64,
-            0.0..0.5f64,
+            0.0..1.0f64,
+            0.0..1.0f64,
             1..10usize,
             1..20usize,
             0..3usize,
