@@ -8,6 +8,10 @@
 //! answer that was guessed or recalled, rather than read out of `context`, earns nothing here.
 //!
 //! Value: `1` when grounded (and correct, if required), else `0`.
+//!
+//! Limits, by design of a simple example: matching is on whole normalised words, so a short
+//! answer that also occurs as a word in the printing cell's code (`"2"` after `print(rows[2])`)
+//! counts as typed in, and an answer seen only in an `llm()` response does not count.
 
 use fathom_rewards::normalize::contains_words;
 use fathom_rewards::record::Action;
