@@ -10,7 +10,10 @@ use std::process::Command;
 fn main() {
     pyo3_build_config::add_libpython_rpath_link_args();
     let config = pyo3_build_config::get();
-    let executable = config.executable().map(str::to_string).unwrap_or_else(|| "python3".into());
+    let executable = config
+        .executable()
+        .map(str::to_string)
+        .unwrap_or_else(|| "python3".into());
     let output = Command::new(&executable)
         .args(["-I", "-c", "import sys; print(sys.base_prefix, end='')"])
         .output();
@@ -19,7 +22,9 @@ fn main() {
             let home = String::from_utf8_lossy(&out.stdout).into_owned();
             println!("cargo:rustc-env=FATHOM_PYTHON_HOME={home}");
         }
-        _ => panic!("cannot ask {executable} for its sys.base_prefix (set PYO3_PYTHON to a Python 3.11+)"),
+        _ => panic!(
+            "cannot ask {executable} for its sys.base_prefix (set PYO3_PYTHON to a Python 3.11+)"
+        ),
     }
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
 }

@@ -192,12 +192,20 @@ pub struct ReplEnv {
 impl ReplEnv {
     /// A top-level environment.
     pub fn new(services: Services) -> ReplEnv {
-        ReplEnv { services, depth: 0, episode: None }
+        ReplEnv {
+            services,
+            depth: 0,
+            episode: None,
+        }
     }
 
     /// An environment for sub-episodes started by an `llm()` call made at `depth`.
     pub(crate) fn nested(services: Services, depth: u32) -> ReplEnv {
-        ReplEnv { services, depth, episode: None }
+        ReplEnv {
+            services,
+            depth,
+            episode: None,
+        }
     }
 
     /// The shared services.
@@ -220,11 +228,21 @@ impl ReplEnv {
             ResetRequest::Split { split, index } => tasks::split_task(split, index, cfg)?,
             ResetRequest::Seed(seed) => tasks::seeded_task(seed, cfg),
             ResetRequest::Task(task) => *task,
-            ResetRequest::Custom { document, question, .. } => {
-                return Ok(Subject { id: "custom".into(), question, document: document.into() });
+            ResetRequest::Custom {
+                document, question, ..
+            } => {
+                return Ok(Subject {
+                    id: "custom".into(),
+                    question,
+                    document: document.into(),
+                });
             }
         };
-        Ok(Subject { id: task.id, question: task.question, document: task.document.into() })
+        Ok(Subject {
+            id: task.id,
+            question: task.question,
+            document: task.document.into(),
+        })
     }
 
     fn episode(&mut self) -> Result<&mut Episode, EnvError> {
@@ -262,10 +280,18 @@ impl Environment for ReplEnv {
         let settings = self.settings();
         let doc_tokens = self.services.tokens.count(&subject.document);
         let messages = vec![
-            Message { role: Role::System, content: prompt::system_prompt(&settings) },
+            Message {
+                role: Role::System,
+                content: prompt::system_prompt(&settings),
+            },
             Message {
                 role: Role::User,
-                content: prompt::first_user_message(&subject.question, &subject.document, doc_tokens, &settings),
+                content: prompt::first_user_message(
+                    &subject.question,
+                    &subject.document,
+                    doc_tokens,
+                    &settings,
+                ),
             },
         ];
         let router = LlmRouter::new(self.depth + 1);
@@ -293,14 +319,29 @@ impl Environment for ReplEnv {
             }
             AgentAction::Code(code) => {
                 let text = parse::code_message(&code);
-                (text, ParsedTurn { action: Action::Code { code }, notes: Vec::new() })
+                (
+                    text,
+                    ParsedTurn {
+                        action: Action::Code { code },
+                        notes: Vec::new(),
+                    },
+                )
             }
             AgentAction::Answer(answer) => {
                 let text = parse::answer_message(&answer);
-                (text, ParsedTurn { action: Action::Answer { text: answer }, notes: Vec::new() })
+                (
+                    text,
+                    ParsedTurn {
+                        action: Action::Answer { text: answer },
+                        notes: Vec::new(),
+                    },
+                )
             }
         };
-        ep.messages.push(Message { role: Role::Assistant, content: assistant.clone() });
+        ep.messages.push(Message {
+            role: Role::Assistant,
+            content: assistant.clone(),
+        });
         let turn = ep.steps.len() + 1;
         let turns_left = max_turns.saturating_sub(turn);
         let tokens = &services.tokens;
@@ -316,12 +357,16 @@ impl Environment for ReplEnv {
         };
         let observation = match &action {
             Action::Answer { .. } => None,
-            Action::Invalid { reason } => Some(prompt::invalid_observation(reason, &notes, turns_left)),
+            Action::Invalid { reason } => {
+                Some(prompt::invalid_observation(reason, &notes, turns_left))
+            }
             Action::Code { code } => {
                 step.code_tokens = tokens.count(code);
                 let router = &mut ep.router;
                 let mut calls = Vec::new();
-                let result = ep.session.exec(code, &mut |p: &str| router.call(&services, p, &mut calls));
+                let result = ep
+                    .session
+                    .exec(code, &mut |p: &str| router.call(&services, p, &mut calls));
                 step.llm_calls = calls;
                 match result {
                     Ok(cell) => {
@@ -332,7 +377,9 @@ impl Environment for ReplEnv {
                     }
                     Err(e) => {
                         ep.steps.push(step.clone());
-                        ep.finish(EndReason::Error { message: e.to_string() });
+                        ep.finish(EndReason::Error {
+                            message: e.to_string(),
+                        });
                         return Ok(self.observe(Some(step)));
                     }
                 }
@@ -340,7 +387,10 @@ impl Environment for ReplEnv {
         };
         if let Some(text) = observation {
             step.output_tokens = tokens.count(&text);
-            ep.messages.push(Message { role: Role::User, content: text });
+            ep.messages.push(Message {
+                role: Role::User,
+                content: text,
+            });
         }
         ep.steps.push(step.clone());
         if matches!(action, Action::Answer { .. }) {
@@ -353,13 +403,18 @@ impl Environment for ReplEnv {
 
     fn abort(&mut self, reason: &str) -> Result<(), EnvError> {
         let ep = self.episode()?;
-        ep.finish(EndReason::Error { message: reason.to_string() });
+        ep.finish(EndReason::Error {
+            message: reason.to_string(),
+        });
         Ok(())
     }
 
     fn trajectory(&self) -> Result<Trajectory, EnvError> {
         let ep = self.episode.as_ref().ok_or(EnvError::NoEpisode)?;
-        let end_reason = ep.end.clone().ok_or_else(|| EnvError::NotFinished(ep.subject.id.clone()))?;
+        let end_reason = ep
+            .end
+            .clone()
+            .ok_or_else(|| EnvError::NotFinished(ep.subject.id.clone()))?;
         Ok(Trajectory {
             task_id: ep.subject.id.clone(),
             messages: ep.messages.clone(),
@@ -379,5 +434,13 @@ pub(crate) fn sub_episode(
     document: String,
 ) -> Result<Trajectory, EnvError> {
     let mut env = ReplEnv::nested(services.clone(), depth);
-    run_episode(&mut env, policy, ResetRequest::Custom { document, question, answer: None })
+    run_episode(
+        &mut env,
+        policy,
+        ResetRequest::Custom {
+            document,
+            question,
+            answer: None,
+        },
+    )
 }

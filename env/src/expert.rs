@@ -33,7 +33,10 @@ impl SubLm for PassageReader {
         let Some((head, passage)) = prompt.split_once(PROMPT_MARKER) else {
             return Ok("unknown".into());
         };
-        let question = head.lines().find_map(|l| l.strip_prefix("Question: ")).unwrap_or("");
+        let question = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Question: "))
+            .unwrap_or("");
         Ok(passage::read_passage(question, passage).unwrap_or_else(|| "unknown".into()))
     }
 }
@@ -41,25 +44,57 @@ impl SubLm for PassageReader {
 /// A task as the expert reads it from the question.
 #[derive(Clone, Debug, PartialEq)]
 enum Plan {
-    Needle { key: String },
-    MultiHop { start: String, hops: usize },
-    Aggregate { town: String, ask: aggregate::Ask },
-    Compare { a: String, b: String, ask: compare::Ask },
-    Passage { question: String },
+    Needle {
+        key: String,
+    },
+    MultiHop {
+        start: String,
+        hops: usize,
+    },
+    Aggregate {
+        town: String,
+        ask: aggregate::Ask,
+    },
+    Compare {
+        a: String,
+        b: String,
+        ask: compare::Ask,
+    },
+    Passage {
+        question: String,
+    },
 }
 
 fn plan(question: &str) -> Option<Plan> {
-    if let Some(key) = question.strip_prefix("What is the access code for vault ").and_then(|r| r.strip_suffix('?')) {
-        return Some(Plan::Needle { key: key.to_string() });
+    if let Some(key) = question
+        .strip_prefix("What is the access code for vault ")
+        .and_then(|r| r.strip_suffix('?'))
+    {
+        return Some(Plan::Needle {
+            key: key.to_string(),
+        });
     }
-    let re = Regex::new(r"^A parcel starts with courier (\S+) and is handed on (\d+) times\.").ok()?;
+    let re =
+        Regex::new(r"^A parcel starts with courier (\S+) and is handed on (\d+) times\.").ok()?;
     if let Some(c) = re.captures(question) {
-        return Some(Plan::MultiHop { start: c[1].to_string(), hops: c[2].parse().ok()? });
+        return Some(Plan::MultiHop {
+            start: c[1].to_string(),
+            hops: c[2].parse().ok()?,
+        });
     }
     let agg = [
-        (r"^What is the total weight, in kg, of all shipments from (\w+)\?$", 0),
-        (r"^How many shipments from (\w+) weighed more than (\d+) kg\?$", 1),
-        (r"^Which shipment from (\w+) was the heaviest\? Give its number\.$", 2),
+        (
+            r"^What is the total weight, in kg, of all shipments from (\w+)\?$",
+            0,
+        ),
+        (
+            r"^How many shipments from (\w+) weighed more than (\d+) kg\?$",
+            1,
+        ),
+        (
+            r"^Which shipment from (\w+) was the heaviest\? Give its number\.$",
+            2,
+        ),
     ];
     for (pattern, kind) in agg {
         if let Some(c) = Regex::new(pattern).ok()?.captures(question) {
@@ -68,20 +103,38 @@ fn plan(question: &str) -> Option<Plan> {
                 1 => aggregate::Ask::CountOver(c[2].parse().ok()?),
                 _ => aggregate::Ask::Heaviest,
             };
-            return Some(Plan::Aggregate { town: c[1].to_string(), ask });
+            return Some(Plan::Aggregate {
+                town: c[1].to_string(),
+                ask,
+            });
         }
     }
     let cmp = [
-        (r"^Which town had the larger population at the latest census, (\w+) or (\w+)\?$", compare::Ask::Larger),
-        (r"^Which town had the smaller population at the latest census, (\w+) or (\w+)\?$", compare::Ask::Smaller),
-        (r"^By how many people did the population of (\w+) exceed that of (\w+) at the latest census\?$", compare::Ask::Difference),
+        (
+            r"^Which town had the larger population at the latest census, (\w+) or (\w+)\?$",
+            compare::Ask::Larger,
+        ),
+        (
+            r"^Which town had the smaller population at the latest census, (\w+) or (\w+)\?$",
+            compare::Ask::Smaller,
+        ),
+        (
+            r"^By how many people did the population of (\w+) exceed that of (\w+) at the latest census\?$",
+            compare::Ask::Difference,
+        ),
     ];
     for (pattern, ask) in cmp {
         if let Some(c) = Regex::new(pattern).ok()?.captures(question) {
-            return Some(Plan::Compare { a: c[1].to_string(), b: c[2].to_string(), ask });
+            return Some(Plan::Compare {
+                a: c[1].to_string(),
+                b: c[2].to_string(),
+                ask,
+            });
         }
     }
-    passage::parse_question(question).map(|_| Plan::Passage { question: question.to_string() })
+    passage::parse_question(question).map(|_| Plan::Passage {
+        question: question.to_string(),
+    })
 }
 
 /// Turns a template like `"Vault {K} holds access code {C}."` into a regex with the given
@@ -112,10 +165,16 @@ fn py(s: &str) -> String {
 impl Expert {
     fn needle(key: &str, observations: &[&str]) -> String {
         let Some(obs) = observations.first() else {
-            return code(&format!("{HELPER}{}", SEARCH_KEY.replace("@KEY@", &py(key))));
+            return code(&format!(
+                "{HELPER}{}",
+                SEARCH_KEY.replace("@KEY@", &py(key))
+            ));
         };
         for template in needle::RECORD_TEMPLATES {
-            let pattern = template_regex(template, &[("{K}", &regex::escape(key)), ("{C}", r"(\d{4}-[A-Z]{2})")]);
+            let pattern = template_regex(
+                template,
+                &[("{K}", &regex::escape(key)), ("{C}", r"(\d{4}-[A-Z]{2})")],
+            );
             if let Some(c) = Regex::new(&pattern).ok().and_then(|re| re.captures(obs)) {
                 return answer(&c[1]);
             }
@@ -138,7 +197,11 @@ impl Expert {
             .replace("@CUR@", &py(&current))
             .replace("@HOP@", &(observations.len() + 1).to_string())
             .replace("@HOPS@", &hops.to_string());
-        code(&if observations.is_empty() { format!("{HELPER}{cell}") } else { cell })
+        code(&if observations.is_empty() {
+            format!("{HELPER}{cell}")
+        } else {
+            cell
+        })
     }
 
     fn aggregate(town: &str, ask: aggregate::Ask, observations: &[&str]) -> String {
@@ -147,18 +210,38 @@ impl Expert {
             [shapes] => {
                 let mut patterns = Vec::new();
                 for template in aggregate::RECORD_TEMPLATES {
-                    let shape = template.replace("{N}", "N").replace("{W}", "N").replace("{O}", "TOWN");
+                    let shape = template
+                        .replace("{N}", "N")
+                        .replace("{W}", "N")
+                        .replace("{O}", "TOWN");
                     if shapes.contains(&shape) {
-                        let re = template_regex(template, &[("{N}", r"(\d+)"), ("{W}", r"(\d+)"), ("{O}", town)]);
-                        patterns.push(format!("    r{},", py(&re).replace("\\\\", "\\").replace(r"\#", "#")));
+                        let re = template_regex(
+                            template,
+                            &[("{N}", r"(\d+)"), ("{W}", r"(\d+)"), ("{O}", town)],
+                        );
+                        patterns.push(format!(
+                            "    r{},",
+                            py(&re).replace("\\\\", "\\").replace(r"\#", "#")
+                        ));
                     }
                 }
                 let report = match ask {
-                    aggregate::Ask::Sum => "print(\"answer:\", sum(w for n, w in rows))".to_string(),
-                    aggregate::Ask::CountOver(x) => format!("print(\"answer:\", sum(1 for n, w in rows if w > {x}))"),
-                    aggregate::Ask::Heaviest => "print(\"answer:\", max(rows, key=lambda r: r[1])[0])".to_string(),
+                    aggregate::Ask::Sum => {
+                        "print(\"answer:\", sum(w for n, w in rows))".to_string()
+                    }
+                    aggregate::Ask::CountOver(x) => {
+                        format!("print(\"answer:\", sum(1 for n, w in rows if w > {x}))")
+                    }
+                    aggregate::Ask::Heaviest => {
+                        "print(\"answer:\", max(rows, key=lambda r: r[1])[0])".to_string()
+                    }
                 };
-                code(&COMPUTE.replace("@PATTERNS@", &patterns.join("\n")).replace("@TOWN@", &py(town)).replace("@REPORT@", &report))
+                code(
+                    &COMPUTE
+                        .replace("@PATTERNS@", &patterns.join("\n"))
+                        .replace("@TOWN@", &py(town))
+                        .replace("@REPORT@", &report),
+                )
             }
             [_, result, ..] => {
                 let found = result.lines().find_map(|l| l.strip_prefix("answer: "));
@@ -169,11 +252,17 @@ impl Expert {
 
     fn compare(a: &str, b: &str, ask: compare::Ask, observations: &[&str]) -> String {
         let Some(obs) = observations.first() else {
-            return code(&format!("{HELPER}{}", CENSUS.replace("@TOWNS@", &format!("[{}, {}]", py(a), py(b)))));
+            return code(&format!(
+                "{HELPER}{}",
+                CENSUS.replace("@TOWNS@", &format!("[{}, {}]", py(a), py(b)))
+            ));
         };
         let population = |town: &str| -> Option<u32> {
             compare::CENSUS_TEMPLATES.iter().find_map(|template| {
-                let re = template_regex(template, &[("{T}", &regex::escape(town)), ("{P}", r"([\d,]+)")]);
+                let re = template_regex(
+                    template,
+                    &[("{T}", &regex::escape(town)), ("{P}", r"([\d,]+)")],
+                );
                 let c = Regex::new(&re).ok()?.captures(obs)?;
                 c[1].replace(',', "").parse().ok()
             })
@@ -190,8 +279,14 @@ impl Expert {
 
     fn passage(question: &str, observations: &[&str]) -> String {
         let Some(obs) = observations.first() else {
-            let name = passage::parse_question(question).map(|(_, n)| n).unwrap_or_default();
-            return code(&READ_PASSAGES.replace("@NAME@", &py(&name)).replace("@QUESTION@", &py(question)));
+            let name = passage::parse_question(question)
+                .map(|(_, n)| n)
+                .unwrap_or_default();
+            return code(
+                &READ_PASSAGES
+                    .replace("@NAME@", &py(&name))
+                    .replace("@QUESTION@", &py(question)),
+            );
         };
         let found = obs
             .lines()
@@ -208,7 +303,11 @@ fn next_courier(current: &str, obs: &str) -> Option<String> {
         let re = Regex::new(&template_regex(template, &[("{A}", name), ("{B}", name)])).ok()?;
         let a_first = template.find("{A}") < template.find("{B}");
         for c in re.captures_iter(obs) {
-            let (a, b) = if a_first { (&c[1], &c[2]) } else { (&c[2], &c[1]) };
+            let (a, b) = if a_first {
+                (&c[1], &c[2])
+            } else {
+                (&c[2], &c[1])
+            };
             if a == current {
                 return Some(b.to_string());
             }
@@ -327,7 +426,10 @@ mod tests {
 
     #[test]
     fn every_question_form_is_planned() {
-        let c = crate::tasks::TaskConfig { context_window: 256, ..Default::default() };
+        let c = crate::tasks::TaskConfig {
+            context_window: 256,
+            ..Default::default()
+        };
         for i in 0..60 {
             let t = crate::tasks::split_task(fathom_rewards::record::Split::Train, i, &c).unwrap();
             assert!(plan(&t.question).is_some(), "{}: {}", t.id, t.question);

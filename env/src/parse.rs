@@ -48,7 +48,11 @@ fn code_blocks(text: &str) -> Vec<Block> {
             Some((start, is_code, body)) => {
                 if trimmed == "```" {
                     if is_code {
-                        blocks.push(Block { code: text[body..pos].to_string(), start, end: pos + line.len() });
+                        blocks.push(Block {
+                            code: text[body..pos].to_string(),
+                            start,
+                            end: pos + line.len(),
+                        });
                     }
                     open = None;
                 }
@@ -57,7 +61,11 @@ fn code_blocks(text: &str) -> Vec<Block> {
         pos += line.len();
     }
     if let Some((start, true, body)) = open {
-        blocks.push(Block { code: text[body.min(text.len())..].to_string(), start, end: text.len() });
+        blocks.push(Block {
+            code: text[body.min(text.len())..].to_string(),
+            start,
+            end: text.len(),
+        });
     }
     blocks
 }
@@ -93,7 +101,9 @@ pub fn parse_turn(text: &str) -> ParsedTurn {
     if let Some(first) = blocks.first() {
         if first.code.trim().is_empty() {
             return ParsedTurn {
-                action: Action::Invalid { reason: "The code block is empty.".into() },
+                action: Action::Invalid {
+                    reason: "The code block is empty.".into(),
+                },
                 notes,
             };
         }
@@ -109,7 +119,12 @@ pub fn parse_turn(text: &str) -> ParsedTurn {
                     .into(),
             );
         }
-        return ParsedTurn { action: Action::Code { code: first.code.clone() }, notes };
+        return ParsedTurn {
+            action: Action::Code {
+                code: first.code.clone(),
+            },
+            notes,
+        };
     }
     match answer {
         Some(text) => ParsedTurn { action: Action::Answer { text }, notes },
@@ -146,7 +161,10 @@ mod tests {
     fn python_and_unlabelled_fences_are_code() {
         assert_eq!(parse_turn("```python\nx = 1\n```").action, code("x = 1\n"));
         assert_eq!(parse_turn("```\nx = 1\n```").action, code("x = 1\n"));
-        assert_eq!(parse_turn("  ```py\nx = 1\n  ```\n").action, code("x = 1\n"));
+        assert_eq!(
+            parse_turn("  ```py\nx = 1\n  ```\n").action,
+            code("x = 1\n")
+        );
     }
 
     #[test]
@@ -184,18 +202,32 @@ mod tests {
 
     #[test]
     fn unclosed_answer_runs_to_the_end() {
-        assert_eq!(parse_turn("<answer>Oslo").action, Action::Answer { text: "Oslo".into() });
+        assert_eq!(
+            parse_turn("<answer>Oslo").action,
+            Action::Answer {
+                text: "Oslo".into()
+            }
+        );
     }
 
     #[test]
     fn nothing_actionable_is_invalid() {
-        assert!(matches!(parse_turn("I think so.").action, Action::Invalid { .. }));
-        assert!(matches!(parse_turn("```repl\n\n```").action, Action::Invalid { .. }));
+        assert!(matches!(
+            parse_turn("I think so.").action,
+            Action::Invalid { .. }
+        ));
+        assert!(matches!(
+            parse_turn("```repl\n\n```").action,
+            Action::Invalid { .. }
+        ));
     }
 
     #[test]
     fn explicit_messages_parse_back() {
         assert_eq!(parse_turn(&code_message("x = 1")).action, code("x = 1\n"));
-        assert_eq!(parse_turn(&answer_message("7")).action, Action::Answer { text: "7".into() });
+        assert_eq!(
+            parse_turn(&answer_message("7")).action,
+            Action::Answer { text: "7".into() }
+        );
     }
 }

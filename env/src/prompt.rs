@@ -48,7 +48,12 @@ Output: ...the staff confirmed that vault K-12 holds access code 7731-QX. The co
 }
 
 /// The first user turn: the question, the document's size and its beginning.
-pub fn first_user_message(question: &str, document: &str, doc_tokens: usize, s: &PromptSettings) -> String {
+pub fn first_user_message(
+    question: &str,
+    document: &str,
+    doc_tokens: usize,
+    s: &PromptSettings,
+) -> String {
     let chars = document.chars().count();
     let preview: String = document.chars().take(s.preview_chars).collect();
     let more = if chars > s.preview_chars { "..." } else { "" };
@@ -60,11 +65,21 @@ pub fn first_user_message(question: &str, document: &str, doc_tokens: usize, s: 
 /// The observation for a cell: its output (stdout, stderr, traceback), then any notes.
 pub fn observation(output: &ExecOutput, notes: &[String], turns_left: usize) -> String {
     let mut text = String::from("Output:");
-    let body: String = [output.stdout.as_str(), output.stderr.as_str(), output.error.as_deref().unwrap_or("")]
-        .iter()
-        .filter(|s| !s.is_empty())
-        .map(|s| if s.ends_with('\n') { s.to_string() } else { format!("{s}\n") })
-        .collect();
+    let body: String = [
+        output.stdout.as_str(),
+        output.stderr.as_str(),
+        output.error.as_deref().unwrap_or(""),
+    ]
+    .iter()
+    .filter(|s| !s.is_empty())
+    .map(|s| {
+        if s.ends_with('\n') {
+            s.to_string()
+        } else {
+            format!("{s}\n")
+        }
+    })
+    .collect();
     if body.is_empty() {
         text.push_str(" (nothing was printed; use print() to see values)\n");
     } else {
@@ -87,7 +102,9 @@ fn push_notes(text: &mut String, notes: &[String], turns_left: usize) {
         text.push_str(&format!("Note: {note}\n"));
     }
     if turns_left == 1 {
-        text.push_str("Note: this is your last turn; give your answer now as <answer>...</answer>.\n");
+        text.push_str(
+            "Note: this is your last turn; give your answer now as <answer>...</answer>.\n",
+        );
     }
     let trimmed = text.trim_end().len();
     text.truncate(trimmed);
@@ -101,11 +118,16 @@ mod tests {
     fn observation_shows_traceback_after_output() {
         let out = ExecOutput {
             stdout: "3\n".into(),
-            error: Some("Traceback (most recent call last):\nZeroDivisionError: division by zero\n".into()),
+            error: Some(
+                "Traceback (most recent call last):\nZeroDivisionError: division by zero\n".into(),
+            ),
             ..ExecOutput::default()
         };
         let text = observation(&out, &[], 5);
-        assert_eq!(text, "Output:\n3\nTraceback (most recent call last):\nZeroDivisionError: division by zero");
+        assert_eq!(
+            text,
+            "Output:\n3\nTraceback (most recent call last):\nZeroDivisionError: division by zero"
+        );
     }
 
     #[test]
@@ -117,7 +139,11 @@ mod tests {
 
     #[test]
     fn preview_is_cut_with_an_ellipsis() {
-        let s = PromptSettings { max_turns: 3, max_output_chars: 10, preview_chars: 4 };
+        let s = PromptSettings {
+            max_turns: 3,
+            max_output_chars: 10,
+            preview_chars: 4,
+        };
         let text = first_user_message("Q?", "abcdefgh", 2, &s);
         assert!(text.contains("8 characters (about 2 tokens)"));
         assert!(text.contains("\"\"\"\nabcd...\n\"\"\""));

@@ -26,16 +26,28 @@ pub const WHOLE_PROMPT_QUESTION: &str =
 impl LlmRouter {
     /// A router for calls made at `depth` (1 for a top-level episode).
     pub(crate) fn new(depth: u32) -> LlmRouter {
-        LlmRouter { depth, used: 0, refused: 0 }
+        LlmRouter {
+            depth,
+            used: 0,
+            refused: 0,
+        }
     }
 
     /// Answers one call, appending its record (and those of any nested calls) to `calls`.
-    pub(crate) fn call(&mut self, services: &Services, prompt: &str, calls: &mut Vec<LlmCall>) -> String {
+    pub(crate) fn call(
+        &mut self,
+        services: &Services,
+        prompt: &str,
+        calls: &mut Vec<LlmCall>,
+    ) -> String {
         let limits = &services.config.llm;
         let tokens = &services.tokens;
         let prompt_tokens = tokens.count(prompt);
         let refusal = if self.used >= limits.max_calls {
-            Some(format!("the limit of {} llm() calls per episode is reached", limits.max_calls))
+            Some(format!(
+                "the limit of {} llm() calls per episode is reached",
+                limits.max_calls
+            ))
         } else if prompt_tokens > limits.max_prompt_tokens {
             Some(format!(
                 "the prompt has about {prompt_tokens} tokens; the limit is {}. Pass a shorter slice",
@@ -68,11 +80,18 @@ impl LlmRouter {
                 let (question, document) = split_prompt(prompt, &services.config.sub_context);
                 match sub_episode(services, policy.as_ref(), self.depth, question, document) {
                     Ok(traj) => {
-                        nested = traj.steps.iter().flat_map(|s| s.llm_calls.iter().cloned()).collect();
+                        nested = traj
+                            .steps
+                            .iter()
+                            .flat_map(|s| s.llm_calls.iter().cloned())
+                            .collect();
                         match traj.steps.last().map(|s| &s.action) {
                             Some(Action::Answer { text }) => (text.clone(), None),
                             _ => {
-                                let why = format!("the sub-episode ended without an answer ({:?})", traj.end_reason);
+                                let why = format!(
+                                    "the sub-episode ended without an answer ({:?})",
+                                    traj.end_reason
+                                );
                                 (format!("[llm() failed: {why}]"), Some(why))
                             }
                         }
@@ -118,8 +137,17 @@ mod tests {
     #[test]
     fn prompt_splits_at_the_marker_or_stays_whole() {
         let how = SubContext::SplitAt("\n---\n".into());
-        assert_eq!(split_prompt("Who?\n---\ndoc", &how), ("Who?".into(), "doc".into()));
-        assert_eq!(split_prompt("no marker", &how), (WHOLE_PROMPT_QUESTION.into(), "no marker".into()));
-        assert_eq!(split_prompt("a\n---\nb", &SubContext::WholePrompt).1, "a\n---\nb");
+        assert_eq!(
+            split_prompt("Who?\n---\ndoc", &how),
+            ("Who?".into(), "doc".into())
+        );
+        assert_eq!(
+            split_prompt("no marker", &how),
+            (WHOLE_PROMPT_QUESTION.into(), "no marker".into())
+        );
+        assert_eq!(
+            split_prompt("a\n---\nb", &SubContext::WholePrompt).1,
+            "a\n---\nb"
+        );
     }
 }

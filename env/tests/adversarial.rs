@@ -25,7 +25,9 @@ fn no_llm(_: &str) -> String {
 }
 
 fn run(session: &mut Session, code: &str) -> Cell {
-    session.exec(code, &mut no_llm).expect("the sandbox itself must keep working")
+    session
+        .exec(code, &mut no_llm)
+        .expect("the sandbox itself must keep working")
 }
 
 fn error_of(cell: &Cell) -> &str {
@@ -37,7 +39,9 @@ fn error_of(cell: &Cell) -> &str {
 fn assert_recovers(pool: &SandboxPool, session: &mut Session) {
     let cell = run(session, "print(len(context))");
     assert_eq!(cell.output.stdout, format!("{}\n", DOC.len()), "{cell:?}");
-    let mut fresh = pool.session(DOC).expect("a benign episode after the attack");
+    let mut fresh = pool
+        .session(DOC)
+        .expect("a benign episode after the attack");
     let cell = run(&mut fresh, "print(context[:9], 'pwned' in globals())");
     assert_eq!(cell.output.stdout, "The vault False\n", "{cell:?}");
 }
@@ -47,22 +51,35 @@ fn attack(code: &str) -> (SandboxPool, Session, Cell) {
     let mut session = pool.session(DOC).expect("session");
     let started = Instant::now();
     let cell = run(&mut session, code);
-    assert!(started.elapsed() < Duration::from_secs(8), "attack took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "attack took {:?}",
+        started.elapsed()
+    );
     (pool, session, cell)
 }
 
 #[test]
 fn fork_bomb_fails() {
-    let (pool, mut s, cell) = attack("import os\npwned = 0\nwhile True:\n    os.fork()\n    pwned += 1");
+    let (pool, mut s, cell) =
+        attack("import os\npwned = 0\nwhile True:\n    os.fork()\n    pwned += 1");
     assert!(error_of(&cell).contains("PermissionError"), "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
 
 #[test]
 fn thread_bomb_fails() {
-    let (pool, mut s, cell) = attack("import _thread\nfor _ in range(1000):\n    _thread.start_new_thread(lambda: None, ())");
-    assert!(error_of(&cell).contains("can't start new thread"), "{cell:?}");
-    let cell = run(&mut s, "import threading\nthreading.Thread(target=print).start()");
+    let (pool, mut s, cell) = attack(
+        "import _thread\nfor _ in range(1000):\n    _thread.start_new_thread(lambda: None, ())",
+    );
+    assert!(
+        error_of(&cell).contains("can't start new thread"),
+        "{cell:?}"
+    );
+    let cell = run(
+        &mut s,
+        "import threading\nthreading.Thread(target=print).start()",
+    );
     assert!(cell.output.error.is_some(), "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
@@ -71,15 +88,24 @@ fn thread_bomb_fails() {
 fn memory_bomb_fails() {
     let (pool, mut s, cell) = attack("pwned = bytearray(8 * 1024 ** 3)");
     assert!(error_of(&cell).contains("MemoryError"), "{cell:?}");
-    let cell = run(&mut s, "pwned = []\nwhile True:\n    pwned.append(' ' * 10 ** 7)");
-    assert!(error_of(&cell).contains("MemoryError") || cell.fault.is_some(), "{cell:?}");
+    let cell = run(
+        &mut s,
+        "pwned = []\nwhile True:\n    pwned.append(' ' * 10 ** 7)",
+    );
+    assert!(
+        error_of(&cell).contains("MemoryError") || cell.fault.is_some(),
+        "{cell:?}"
+    );
     assert_recovers(&pool, &mut s);
 }
 
 #[test]
 fn infinite_python_loop_is_stopped() {
     let (pool, mut s, cell) = attack("while True:\n    pass");
-    assert!(cell.fault.is_some() && error_of(&cell).contains("TimeoutError"), "{cell:?}");
+    assert!(
+        cell.fault.is_some() && error_of(&cell).contains("TimeoutError"),
+        "{cell:?}"
+    );
     assert_recovers(&pool, &mut s);
 }
 
@@ -87,7 +113,10 @@ fn infinite_python_loop_is_stopped() {
 fn infinite_c_loop_is_stopped() {
     // Catastrophic backtracking runs inside the C regex engine and ignores Python signals.
     let (pool, mut s, cell) = attack("import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')");
-    assert!(cell.fault.is_some() && error_of(&cell).contains("TimeoutError"), "{cell:?}");
+    assert!(
+        cell.fault.is_some() && error_of(&cell).contains("TimeoutError"),
+        "{cell:?}"
+    );
     let cell = run(&mut s, "sum(range(10 ** 15))");
     assert!(error_of(&cell).contains("TimeoutError"), "{cell:?}");
     assert_recovers(&pool, &mut s);
@@ -95,15 +124,23 @@ fn infinite_c_loop_is_stopped() {
 
 #[test]
 fn output_flood_is_truncated_and_bounded() {
-    let (pool, mut s, cell) = attack("print('x' * 10 ** 7)\nimport sys\nsys.stderr.write('y' * 10 ** 7)");
+    let (pool, mut s, cell) =
+        attack("print('x' * 10 ** 7)\nimport sys\nsys.stderr.write('y' * 10 ** 7)");
     let limit = pool.config().limits.max_output_chars;
     assert!(cell.output.truncated, "{cell:?}");
     assert!(cell.output.stdout.len() < limit + 200 && cell.output.stderr.len() < limit + 200);
     assert!(cell.output.stdout.contains("output truncated"));
     let cell = run(&mut s, "while True:\n    print('z' * 1000)");
-    assert!(error_of(&cell).contains("TimeoutError"), "{}", error_of(&cell));
+    assert!(
+        error_of(&cell).contains("TimeoutError"),
+        "{}",
+        error_of(&cell)
+    );
     // Raw writes to the inherited stdout go to /dev/null, not into the protocol.
-    let cell = run(&mut s, "import os\nos.write(1, b'x' * 100000)\nos.write(2, b'y' * 1000)\nprint('still here')");
+    let cell = run(
+        &mut s,
+        "import os\nos.write(1, b'x' * 100000)\nos.write(2, b'y' * 1000)\nprint('still here')",
+    );
     assert_eq!(cell.output.stdout, "still here\n", "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
@@ -133,7 +170,11 @@ fn reading_the_parents_files_fails() {
         "import os\nfor path in ['/proc/{parent}/cmdline', '/proc/{parent}/environ', {me:?}, '/root', '.']:\n    try:\n        print(open(path, 'rb').read()[:20])\n    except OSError as e:\n        print('denied', type(e).__name__)\nos.listdir('/')"
     );
     let (pool, mut s, cell) = attack(&code);
-    assert_eq!(cell.output.stdout.matches("denied PermissionError").count(), 5, "{cell:?}");
+    assert_eq!(
+        cell.output.stdout.matches("denied PermissionError").count(),
+        5,
+        "{cell:?}"
+    );
     assert!(error_of(&cell).contains("PermissionError"), "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
@@ -141,20 +182,37 @@ fn reading_the_parents_files_fails() {
 #[test]
 fn writing_files_fails() {
     let target = std::env::temp_dir().join(format!("fathom-pwned-{}", std::process::id()));
-    let code = format!("open({:?}, 'w').write('pwned')", target.display().to_string());
+    let code = format!(
+        "open({:?}, 'w').write('pwned')",
+        target.display().to_string()
+    );
     let (pool, mut s, cell) = attack(&code);
     assert!(error_of(&cell).contains("PermissionError"), "{cell:?}");
     assert!(!target.exists());
-    let cell = run(&mut s, &format!("import os\nos.mkdir({:?})", format!("{}-dir", target.display())));
+    let cell = run(
+        &mut s,
+        &format!(
+            "import os\nos.mkdir({:?})",
+            format!("{}-dir", target.display())
+        ),
+    );
     assert!(error_of(&cell).contains("PermissionError"), "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
 
 #[test]
 fn sockets_fail() {
-    let (pool, mut s, cell) = attack("import socket\ns = socket.create_connection(('127.0.0.1', 22))");
+    let (pool, mut s, cell) =
+        attack("import socket\ns = socket.create_connection(('127.0.0.1', 22))");
     assert!(error_of(&cell).contains("Error"), "{cell:?}");
-    assert!(!cell.output.error.as_deref().unwrap_or("").contains("ConnectionRefused"));
+    assert!(
+        !cell
+            .output
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("ConnectionRefused")
+    );
     assert_recovers(&pool, &mut s);
 }
 
@@ -163,7 +221,10 @@ fn subprocess_system_and_exec_fail() {
     let target = std::env::temp_dir().join(format!("fathom-system-{}", std::process::id()));
     let code = format!("import os\nprint(os.system('touch {}'))", target.display());
     let (pool, mut s, cell) = attack(&code);
-    assert!(cell.output.stdout.trim() != "0" || cell.output.error.is_some(), "{cell:?}");
+    assert!(
+        cell.output.stdout.trim() != "0" || cell.output.error.is_some(),
+        "{cell:?}"
+    );
     assert!(!target.exists());
     let cell = run(&mut s, "import subprocess\nsubprocess.run(['id'])");
     assert!(error_of(&cell).contains("Error"), "{cell:?}");
@@ -189,7 +250,11 @@ fn signalling_the_parent_fails() {
         "import os\nfor target in [{parent}, -1, 0]:\n    try:\n        os.kill(target, 9)\n    except OSError as e:\n        print('denied', type(e).__name__)"
     );
     let (pool, mut s, cell) = attack(&code);
-    assert_eq!(cell.output.stdout.matches("denied PermissionError").count(), 3, "{cell:?}");
+    assert_eq!(
+        cell.output.stdout.matches("denied PermissionError").count(),
+        3,
+        "{cell:?}"
+    );
     // The parent's pid is not even visible: getppid(2) is denied (glibc returns -1).
     let cell = run(&mut s, "import os\nos.getppid()");
     assert_eq!(cell.output.stdout, "-1\n", "{cell:?}");
@@ -201,7 +266,10 @@ fn stack_overflow_recursion_fails() {
     let (pool, mut s, cell) = attack("def f(n):\n    return f(n + 1)\nf(0)");
     assert!(error_of(&cell).contains("RecursionError"), "{cell:?}");
     // With the recursion limit lifted, the C stack overflows and the worker dies.
-    let cell = run(&mut s, "import sys\nsys.setrecursionlimit(10 ** 7)\ndef g(n):\n    return g(n + 1)\ng(0)");
+    let cell = run(
+        &mut s,
+        "import sys\nsys.setrecursionlimit(10 ** 7)\ndef g(n):\n    return g(n + 1)\ng(0)",
+    );
     assert!(cell.output.error.is_some(), "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
@@ -214,15 +282,25 @@ fn sys_exit_and_os_exit_do_not_escape() {
     let cell = run(&mut s, "print('alive')");
     assert_eq!(cell.output.stdout, "alive\n");
     let cell = run(&mut s, "import os\nos._exit(0)");
-    assert!(cell.fault.is_some() && error_of(&cell).contains("restarted"), "{cell:?}");
+    assert!(
+        cell.fault.is_some() && error_of(&cell).contains("restarted"),
+        "{cell:?}"
+    );
     assert_recovers(&pool, &mut s);
 }
 
 #[test]
 fn forged_protocol_frames_cost_only_the_worker() {
-    let (pool, mut s, cell) = attack("import os\nos.write(4, b'\\xff\\xff\\xff\\x7f')\nwhile True:\n    pass");
-    assert!(cell.fault.as_deref().unwrap_or("").contains("protocol"), "{cell:?}");
-    let cell = run(&mut s, "import os\nos.write(4, b'\\x05\\x00\\x00\\x00{nope')\nprint(1)");
+    let (pool, mut s, cell) =
+        attack("import os\nos.write(4, b'\\xff\\xff\\xff\\x7f')\nwhile True:\n    pass");
+    assert!(
+        cell.fault.as_deref().unwrap_or("").contains("protocol"),
+        "{cell:?}"
+    );
+    let cell = run(
+        &mut s,
+        "import os\nos.write(4, b'\\x05\\x00\\x00\\x00{nope')\nprint(1)",
+    );
     assert!(cell.fault.is_some(), "{cell:?}");
     assert_recovers(&pool, &mut s);
 }
@@ -241,7 +319,12 @@ fn llm_episode(code: &str) -> (fathom_rewards::record::Step, usize, SandboxPool)
     let pool = pool();
     let sub = Arc::new(CountingSubLm(AtomicUsize::new(0)));
     let mut env = common::env(&pool, sub.clone());
-    env.reset(ResetRequest::Custom { document: DOC.into(), question: "Q?".into(), answer: None }).unwrap();
+    env.reset(ResetRequest::Custom {
+        document: DOC.into(),
+        question: "Q?".into(),
+        answer: None,
+    })
+    .unwrap();
     let obs = env.step(AgentAction::Code(code.into())).unwrap();
     (obs.step.unwrap(), sub.0.load(Ordering::SeqCst), pool)
 }
@@ -250,8 +333,15 @@ fn llm_episode(code: &str) -> (fathom_rewards::record::Step, usize, SandboxPool)
 fn llm_spam_is_capped() {
     let (step, reached, pool) = llm_episode("for i in range(5000):\n    r = llm('hi')\nprint(r)");
     assert_eq!(reached, 16, "only max_calls calls reach the sub-LM");
-    assert!(step.output.as_ref().unwrap().stdout.contains("refused"), "{step:?}");
-    assert_eq!(step.llm_calls.len(), 16 + 32, "answered plus a bounded number of refused records");
+    assert!(
+        step.output.as_ref().unwrap().stdout.contains("refused"),
+        "{step:?}"
+    );
+    assert_eq!(
+        step.llm_calls.len(),
+        16 + 32,
+        "answered plus a bounded number of refused records"
+    );
     assert!(step.llm_calls[16].refused.is_some());
     let mut s = pool.session(DOC).unwrap();
     assert_recovers(&pool, &mut s);
@@ -262,12 +352,19 @@ fn oversized_llm_prompt_is_refused() {
     let (step, reached, pool) = llm_episode("r = llm('x' * 10 ** 6)\nprint(r)\nllm(12)");
     assert_eq!(reached, 0);
     let call = &step.llm_calls[0];
-    assert!(call.refused.as_deref().unwrap().contains("limit is 8192"), "{call:?}");
+    assert!(
+        call.refused.as_deref().unwrap().contains("limit is 8192"),
+        "{call:?}"
+    );
     assert!(call.prompt.len() <= 2000, "refused prompts are stored cut");
     assert!(call.prompt_tokens >= 250_000);
     let out = step.output.unwrap();
     assert!(out.stdout.contains("[llm() refused"), "{out:?}");
-    assert!(out.error.unwrap().contains("TypeError: llm() expects a str prompt"));
+    assert!(
+        out.error
+            .unwrap()
+            .contains("TypeError: llm() expects a str prompt")
+    );
     let mut s = pool.session(DOC).unwrap();
     assert_recovers(&pool, &mut s);
 }

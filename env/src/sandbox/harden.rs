@@ -30,7 +30,10 @@ pub enum HardenError {
 
 fn check(call: &'static str, rc: libc::c_int) -> Result<(), HardenError> {
     if rc == -1 {
-        Err(HardenError::Sys { call, source: io::Error::last_os_error() })
+        Err(HardenError::Sys {
+            call,
+            source: io::Error::last_os_error(),
+        })
     } else {
         Ok(())
     }
@@ -56,7 +59,10 @@ pub fn isolate_descriptors() -> Result<(libc::c_int, libc::c_int), HardenError> 
         if null > OUTPUT {
             libc::close(null);
         }
-        check("close_range", libc::syscall(libc::SYS_close_range, OUTPUT + 1, u32::MAX, 0) as _)?;
+        check(
+            "close_range",
+            libc::syscall(libc::SYS_close_range, OUTPUT + 1, u32::MAX, 0) as _,
+        )?;
     }
     Ok((INPUT, OUTPUT))
 }
@@ -67,8 +73,14 @@ pub fn isolate_descriptors() -> Result<(libc::c_int, libc::c_int), HardenError> 
 pub fn tie_to_parent(parent: libc::pid_t) -> Result<(), HardenError> {
     // SAFETY: prctl with integer arguments.
     unsafe {
-        check("prctl(PR_SET_PDEATHSIG)", libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-        check("prctl(PR_SET_DUMPABLE)", libc::prctl(libc::PR_SET_DUMPABLE, 0))?;
+        check(
+            "prctl(PR_SET_PDEATHSIG)",
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL),
+        )?;
+        check(
+            "prctl(PR_SET_DUMPABLE)",
+            libc::prctl(libc::PR_SET_DUMPABLE, 0),
+        )?;
         if libc::getppid() != parent {
             libc::_exit(0);
         }
@@ -76,20 +88,35 @@ pub fn tie_to_parent(parent: libc::pid_t) -> Result<(), HardenError> {
     Ok(())
 }
 
-fn set_limit(resource: libc::__rlimit_resource_t, value: u64, name: &'static str) -> Result<(), HardenError> {
-    let limit = libc::rlimit { rlim_cur: value, rlim_max: value };
+fn set_limit(
+    resource: libc::__rlimit_resource_t,
+    value: u64,
+    name: &'static str,
+) -> Result<(), HardenError> {
+    let limit = libc::rlimit {
+        rlim_cur: value,
+        rlim_max: value,
+    };
     // SAFETY: setrlimit reads the struct we pass.
     check(name, unsafe { libc::setrlimit(resource, &limit) })
 }
 
 /// Applies the resource limits: address space, CPU time, no file writes, no new descriptors
 /// or processes, no core dumps.
-pub fn apply_rlimits(memory_bytes: u64, cpu_seconds: u64, open_files: u64) -> Result<(), HardenError> {
+pub fn apply_rlimits(
+    memory_bytes: u64,
+    cpu_seconds: u64,
+    open_files: u64,
+) -> Result<(), HardenError> {
     set_limit(libc::RLIMIT_CORE, 0, "setrlimit(RLIMIT_CORE)")?;
     set_limit(libc::RLIMIT_FSIZE, 0, "setrlimit(RLIMIT_FSIZE)")?;
     set_limit(libc::RLIMIT_NOFILE, open_files, "setrlimit(RLIMIT_NOFILE)")?;
     set_limit(libc::RLIMIT_NPROC, 0, "setrlimit(RLIMIT_NPROC)")?;
-    set_limit(libc::RLIMIT_CPU, cpu_seconds.max(1), "setrlimit(RLIMIT_CPU)")?;
+    set_limit(
+        libc::RLIMIT_CPU,
+        cpu_seconds.max(1),
+        "setrlimit(RLIMIT_CPU)",
+    )?;
     set_limit(libc::RLIMIT_AS, memory_bytes, "setrlimit(RLIMIT_AS)")?;
     Ok(())
 }
@@ -148,7 +175,9 @@ pub fn build_filter() -> Result<BpfProgram, HardenError> {
         target_arch()?,
     )
     .map_err(|e| HardenError::Seccomp(e.to_string()))?;
-    filter.try_into().map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| HardenError::Seccomp(e.to_string()))
 }
 
 /// Installs `filter` on every thread of the process (`SECCOMP_FILTER_FLAG_TSYNC`), after
@@ -164,7 +193,10 @@ mod tests {
     #[test]
     fn filter_builds_for_this_architecture() {
         let filter = build_filter().unwrap();
-        assert!(filter.len() > ALLOWED.len(), "one comparison per allowed syscall at least");
+        assert!(
+            filter.len() > ALLOWED.len(),
+            "one comparison per allowed syscall at least"
+        );
     }
 
     #[test]
@@ -182,7 +214,10 @@ mod tests {
             libc::SYS_prlimit64,
             libc::SYS_unlinkat,
         ] {
-            assert!(!ALLOWED.contains(&denied), "syscall {denied} must not be allowed");
+            assert!(
+                !ALLOWED.contains(&denied),
+                "syscall {denied} must not be allowed"
+            );
         }
     }
 }

@@ -69,12 +69,17 @@ impl SandboxPool {
     pub fn new(config: SandboxConfig) -> Result<SandboxPool, SandboxError> {
         let program = config.worker.program()?;
         if !program.is_file() {
-            return Err(SandboxError::NoWorkerBinary { looked: vec![program] });
+            return Err(SandboxError::NoWorkerBinary {
+                looked: vec![program],
+            });
         }
         let shared = Arc::new(Shared {
             config,
             program,
-            state: Mutex::new(State { prespawn: true, ..State::default() }),
+            state: Mutex::new(State {
+                prespawn: true,
+                ..State::default()
+            }),
             changed: Condvar::new(),
             wake: Condvar::new(),
         });
@@ -82,9 +87,18 @@ impl SandboxPool {
         let spawner = std::thread::Builder::new()
             .name("fathom-sandbox-spawner".into())
             .spawn(move || spawner(&for_thread))
-            .map_err(|e| SandboxError::Spawn { path: shared.program.clone(), message: e.to_string() })?;
-        let guard = Arc::new(Guard { shared: Arc::clone(&shared), spawner: Mutex::new(Some(spawner)) });
-        Ok(SandboxPool { shared, _guard: guard })
+            .map_err(|e| SandboxError::Spawn {
+                path: shared.program.clone(),
+                message: e.to_string(),
+            })?;
+        let guard = Arc::new(Guard {
+            shared: Arc::clone(&shared),
+            spawner: Mutex::new(Some(spawner)),
+        });
+        Ok(SandboxPool {
+            shared,
+            _guard: guard,
+        })
     }
 
     /// The pool's configuration.
@@ -112,7 +126,10 @@ impl SandboxPool {
             }
             if state.failures != failures {
                 let message = state.last_error.clone().unwrap_or_default();
-                break Err(SandboxError::Spawn { path: shared.program.clone(), message });
+                break Err(SandboxError::Spawn {
+                    path: shared.program.clone(),
+                    message,
+                });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -139,11 +156,18 @@ fn spawner(shared: &Shared) {
                 state.idle.clear();
                 return;
             }
-            let target = if state.prespawn { shared.config.idle_workers } else { 0 } + state.waiting;
+            let target = if state.prespawn {
+                shared.config.idle_workers
+            } else {
+                0
+            } + state.waiting;
             if state.idle.len() < target {
                 break;
             }
-            state = shared.wake.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+            state = shared
+                .wake
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
         drop(state);
         let started = start_worker(shared);
@@ -178,7 +202,11 @@ fn start_worker(shared: &Shared) -> Result<WorkerProcess, String> {
         .map_err(|e| e.to_string())?;
     match worker.recv(started + shared.config.startup_timeout) {
         Ok(FromWorker::Started) => {
-            tracing::debug!(pid = worker.pid(), ms = started.elapsed().as_secs_f64() * 1e3, "worker started");
+            tracing::debug!(
+                pid = worker.pid(),
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "worker started"
+            );
             Ok(worker)
         }
         Ok(FromWorker::Failed { message }) => Err(message),

@@ -61,7 +61,11 @@ fn wait_ready(fd: i32, events: libc::c_short, deadline: Instant) -> io::Result<b
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        let mut pfd = libc::pollfd { fd, events, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
         if rc < 0 {
@@ -109,7 +113,14 @@ impl WorkerProcess {
         };
         set_nonblocking(to.as_raw_fd())?;
         set_nonblocking(from.as_raw_fd())?;
-        Ok(WorkerProcess { child, to, from, buf: Vec::new(), max_frame, path: program.clone() })
+        Ok(WorkerProcess {
+            child,
+            to,
+            from,
+            buf: Vec::new(),
+            max_frame,
+            path: program.clone(),
+        })
     }
 
     /// The worker binary.
@@ -149,7 +160,10 @@ impl WorkerProcess {
             if self.buf.len() >= 4 {
                 let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
                 if len > self.max_frame {
-                    let why = format!("frame of {len} bytes exceeds the {}-byte limit", self.max_frame);
+                    let why = format!(
+                        "frame of {len} bytes exceeds the {}-byte limit",
+                        self.max_frame
+                    );
                     return Err(self.fail(WorkerFault::Protocol(why)));
                 }
                 if self.buf.len() >= 4 + len {

@@ -110,8 +110,10 @@ pub enum FrameError {
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let mut buf = vec![0u8; 4];
     serde_json::to_writer(&mut buf, msg)?;
-    let len = u32::try_from(buf.len() - 4)
-        .map_err(|_| FrameError::TooLarge { len: buf.len() - 4, max: u32::MAX as usize })?;
+    let len = u32::try_from(buf.len() - 4).map_err(|_| FrameError::TooLarge {
+        len: buf.len() - 4,
+        max: u32::MAX as usize,
+    })?;
     buf[..4].copy_from_slice(&len.to_le_bytes());
     Ok(buf)
 }
@@ -149,7 +151,9 @@ mod tests {
         let done = FromWorker::Done(CellDone {
             stdout: "hi\n".into(),
             accesses: vec![Access {
-                kind: AccessKind::Search { pattern: r"\d+".into() },
+                kind: AccessKind::Search {
+                    pattern: r"\d+".into(),
+                },
                 span: Span { start: 3, end: 9 },
             }],
             ..CellDone::default()
@@ -161,7 +165,10 @@ mod tests {
 
     #[test]
     fn oversized_frame_is_rejected_before_reading_it() {
-        let bytes = encode(&ToWorker::Exec { code: "x".repeat(100) }).unwrap();
+        let bytes = encode(&ToWorker::Exec {
+            code: "x".repeat(100),
+        })
+        .unwrap();
         let err = read_frame::<ToWorker>(&mut bytes.as_slice(), 10).unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { max: 10, .. }), "{err}");
     }

@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use fathom_rewards::record::{Access, ExecOutput};
 
+use super::SandboxError;
 use super::pool::SandboxPool;
 use super::process::{WorkerFault, WorkerProcess};
 use super::protocol::{CellDone, FromWorker, ToWorker};
-use super::SandboxError;
 
 /// What running one cell produced.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -39,7 +39,12 @@ pub struct Session {
 
 impl Session {
     pub(crate) fn start(pool: SandboxPool, context: Arc<str>) -> Result<Session, SandboxError> {
-        let mut session = Session { pool, context, worker: None, restarts: 0 };
+        let mut session = Session {
+            pool,
+            context,
+            worker: None,
+            restarts: 0,
+        };
         session.worker = Some(session.fresh_worker()?);
         Ok(session)
     }
@@ -58,12 +63,17 @@ impl Session {
         let config = self.pool.config();
         let mut worker = self.pool.acquire()?;
         let deadline = Instant::now() + config.startup_timeout;
-        let init = ToWorker::Init { context: self.context.to_string(), limits: config.limits.clone() };
+        let init = ToWorker::Init {
+            context: self.context.to_string(),
+            limits: config.limits.clone(),
+        };
         let fail = |worker: &WorkerProcess, message: String| SandboxError::Init {
             path: worker.path().clone(),
             message,
         };
-        worker.send(&init, deadline).map_err(|f| fail(&worker, f.to_string()))?;
+        worker
+            .send(&init, deadline)
+            .map_err(|f| fail(&worker, f.to_string()))?;
         match worker.recv(deadline) {
             Ok(FromWorker::Ready) => Ok(worker),
             Ok(FromWorker::Failed { message }) => Err(fail(&worker, message)),
@@ -112,7 +122,11 @@ impl Session {
                 let message = describe_fault(&fault, timeout.as_millis());
                 tracing::debug!(%fault, "sandbox cell lost its worker");
                 Ok(Cell {
-                    output: ExecOutput { error: Some(message.clone()), elapsed_ms, ..ExecOutput::default() },
+                    output: ExecOutput {
+                        error: Some(message.clone()),
+                        elapsed_ms,
+                        ..ExecOutput::default()
+                    },
                     fault: Some(fault.to_string()),
                     ..Cell::default()
                 })
@@ -127,7 +141,12 @@ fn run_cell(
     mut deadline: Instant,
     llm: &mut dyn FnMut(&str) -> String,
 ) -> Result<CellDone, WorkerFault> {
-    worker.send(&ToWorker::Exec { code: code.to_string() }, deadline)?;
+    worker.send(
+        &ToWorker::Exec {
+            code: code.to_string(),
+        },
+        deadline,
+    )?;
     loop {
         match worker.recv(deadline)? {
             FromWorker::Llm { prompt } => {
@@ -139,7 +158,9 @@ fn run_cell(
             FromWorker::Done(done) => return Ok(done),
             other => {
                 worker.kill();
-                return Err(WorkerFault::Protocol(format!("unexpected message {other:?}")));
+                return Err(WorkerFault::Protocol(format!(
+                    "unexpected message {other:?}"
+                )));
             }
         }
     }
@@ -149,7 +170,9 @@ fn run_cell(
 fn describe_fault(fault: &WorkerFault, timeout_ms: u128) -> String {
     let what = match fault {
         WorkerFault::Timeout => {
-            format!("TimeoutError: the cell ran longer than the {timeout_ms} ms limit and was stopped.")
+            format!(
+                "TimeoutError: the cell ran longer than the {timeout_ms} ms limit and was stopped."
+            )
         }
         WorkerFault::Died(how) => format!(
             "SandboxError: the REPL process {how} (out of memory, a crash, or an exit) while running the cell."

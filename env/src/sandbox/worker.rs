@@ -37,7 +37,10 @@ const PRELUDE: &str = include_str!("prelude.py");
 pub fn run_worker_if_requested() {
     let mut args = std::env::args_os().skip(1);
     if args.next().is_some_and(|a| a == WORKER_ARG) {
-        let parent = args.next().and_then(|p| p.to_str()?.parse().ok()).unwrap_or(0);
+        let parent = args
+            .next()
+            .and_then(|p| p.to_str()?.parse().ok())
+            .unwrap_or(0);
         let code = match run(parent) {
             Ok(()) => 0,
             Err(_) => 1,
@@ -67,19 +70,28 @@ fn run(parent: libc::pid_t) -> Result<(), String> {
     harden::tie_to_parent(parent).map_err(|e| e.to_string())?;
     let (input, output) = harden::isolate_descriptors().map_err(|e| e.to_string())?;
     // SAFETY: `isolate_descriptors` just made these two descriptors ours alone.
-    let channel = unsafe { Channel { input: File::from_raw_fd(input), output: File::from_raw_fd(output) } };
+    let channel = unsafe {
+        Channel {
+            input: File::from_raw_fd(input),
+            output: File::from_raw_fd(output),
+        }
+    };
     let channel = Arc::new(Mutex::new(channel));
     let result = serve(&channel);
     if let Err(message) = &result {
         if let Ok(mut ch) = channel.lock() {
-            let _ = ch.send(&FromWorker::Failed { message: message.clone() });
+            let _ = ch.send(&FromWorker::Failed {
+                message: message.clone(),
+            });
         }
     }
     result
 }
 
 fn lock(channel: &Mutex<Channel>) -> std::sync::MutexGuard<'_, Channel> {
-    channel.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    channel
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn serve(channel: &Arc<Mutex<Channel>>) -> Result<(), String> {
@@ -128,7 +140,8 @@ fn start_interpreter() -> Result<(), String> {
         config.install_signal_handlers = 0;
         config.user_site_directory = 0;
         let home = CString::new(env!("FATHOM_PYTHON_HOME")).map_err(|e| e.to_string())?;
-        let status = pyo3::ffi::PyConfig_SetBytesString(&mut config, &mut config.home, home.as_ptr());
+        let status =
+            pyo3::ffi::PyConfig_SetBytesString(&mut config, &mut config.home, home.as_ptr());
         if pyo3::ffi::PyStatus_Exception(status) != 0 {
             pyo3::ffi::PyConfig_Clear(&mut config);
             return Err("cannot set the Python home".into());
@@ -161,7 +174,10 @@ fn build_repl(
                 let mut ch = lock(&for_llm);
                 ch.send(&FromWorker::Llm { prompt })
                     .map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
-                match ch.recv().map_err(pyo3::exceptions::PyRuntimeError::new_err)? {
+                match ch
+                    .recv()
+                    .map_err(pyo3::exceptions::PyRuntimeError::new_err)?
+                {
                     ToWorker::LlmReply { response } => Ok(response),
                     other => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
                         "llm(): unexpected reply {other:?}"
@@ -171,7 +187,12 @@ fn build_repl(
         )?;
         let run_cell = make_repl.call1(
             py,
-            (context, llm_raw, limits.max_output_chars, limits.max_accesses),
+            (
+                context,
+                llm_raw,
+                limits.max_output_chars,
+                limits.max_accesses,
+            ),
         )?;
         Ok(run_cell)
     })
@@ -202,7 +223,10 @@ fn run_one(py: Python<'_>, run_cell: &Py<PyAny>, code: &str) -> CellDone {
             accesses_dropped,
         },
         // The runner itself failed (e.g. memory exhausted while formatting the output).
-        Err(e) => CellDone { error: Some(format!("{e}\n")), ..CellDone::default() },
+        Err(e) => CellDone {
+            error: Some(format!("{e}\n")),
+            ..CellDone::default()
+        },
     }
 }
 
@@ -213,5 +237,8 @@ fn to_access((kind, arg, start, end): Record) -> Option<Access> {
         ("search", Some(pattern)) => AccessKind::Search { pattern },
         _ => return None,
     };
-    Some(Access { kind, span: Span { start, end } })
+    Some(Access {
+        kind,
+        span: Span { start, end },
+    })
 }

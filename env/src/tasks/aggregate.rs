@@ -49,7 +49,11 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
         }
         numbers.push(n);
         // The target town gets at least a few records.
-        let town = if shipments.len() < 3 { 0 } else { rng.below(towns.len()) };
+        let town = if shipments.len() < 3 {
+            0
+        } else {
+            rng.below(towns.len())
+        };
         shipments.push((n, town, rng.range(5, 95) as u32));
     }
     let ask = match rng.below(3) {
@@ -59,7 +63,12 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
     };
     if ask == Ask::Heaviest {
         // Make the heaviest of the target town unique.
-        let max = shipments.iter().filter(|s| s.1 == 0).map(|s| s.2).max().unwrap_or(0);
+        let max = shipments
+            .iter()
+            .filter(|s| s.1 == 0)
+            .map(|s| s.2)
+            .max()
+            .unwrap_or(0);
         let mut first = true;
         for s in shipments.iter_mut().filter(|s| s.1 == 0 && s.2 == max) {
             if !first {
@@ -72,9 +81,18 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
     let answer = match ask {
         Ask::Sum => mine.iter().map(|s| s.2).sum::<u32>().to_string(),
         Ask::CountOver(x) => mine.iter().filter(|s| s.2 > x).count().to_string(),
-        Ask::Heaviest => mine.iter().max_by_key(|s| s.2).map(|s| s.0).unwrap_or(0).to_string(),
+        Ask::Heaviest => mine
+            .iter()
+            .max_by_key(|s| s.2)
+            .map(|s| s.0)
+            .unwrap_or(0)
+            .to_string(),
     };
-    let aliases = if ask == Ask::Heaviest { vec![format!("#{answer}")] } else { Vec::new() };
+    let aliases = if ask == Ask::Heaviest {
+        vec![format!("#{answer}")]
+    } else {
+        Vec::new()
+    };
     let mut facts = Vec::new();
     let mut evidence_ix = Vec::new();
     for &(n, town, w) in &shipments {
@@ -91,9 +109,15 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
     for _ in 0..(records / 6).max(3) {
         let town = &towns[rng.below(towns.len())];
         let text = if rng.chance(0.5) {
-            format!("A shipment from {town} was delayed by {} days.", rng.range(2, 9))
+            format!(
+                "A shipment from {town} was delayed by {} days.",
+                rng.range(2, 9)
+            )
         } else {
-            format!("The depot in {town} can hold {} kg in total.", rng.range(200, 900))
+            format!(
+                "The depot in {town} can hold {} kg in total.",
+                rng.range(200, 900)
+            )
         };
         facts.push(Fact::sentence(rng, text));
     }

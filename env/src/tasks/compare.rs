@@ -27,10 +27,16 @@ pub enum Ask {
 /// The question for `ask` about towns `a` and `b`.
 pub fn question(ask: Ask, a: &str, b: &str) -> String {
     match ask {
-        Ask::Larger => format!("Which town had the larger population at the latest census, {a} or {b}?"),
-        Ask::Smaller => format!("Which town had the smaller population at the latest census, {a} or {b}?"),
+        Ask::Larger => {
+            format!("Which town had the larger population at the latest census, {a} or {b}?")
+        }
+        Ask::Smaller => {
+            format!("Which town had the smaller population at the latest census, {a} or {b}?")
+        }
         Ask::Difference => {
-            format!("By how many people did the population of {a} exceed that of {b} at the latest census?")
+            format!(
+                "By how many people did the population of {a} exceed that of {b} at the latest census?"
+            )
         }
     }
 }
@@ -49,7 +55,9 @@ pub fn with_commas(n: u32) -> String {
 }
 
 fn census(rng: &mut Rng, town: &str, population: u32) -> String {
-    rng.pick(CENSUS_TEMPLATES).replace("{T}", town).replace("{P}", &with_commas(population))
+    rng.pick(CENSUS_TEMPLATES)
+        .replace("{T}", town)
+        .replace("{P}", &with_commas(population))
 }
 
 /// Generates a comparison task of about `target_chars` characters.
@@ -68,16 +76,32 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
         _ => Ask::Difference,
     };
     // For a difference, the first-named town is the larger one.
-    let (a, b, pa, pb) = if ask == Ask::Difference && pa < pb { (b, a, pb, pa) } else { (a, b, pa, pb) };
+    let (a, b, pa, pb) = if ask == Ask::Difference && pa < pb {
+        (b, a, pb, pa)
+    } else {
+        (a, b, pa, pb)
+    };
     let (answer, aliases) = match ask {
         Ask::Larger => (if pa > pb { a.clone() } else { b.clone() }, Vec::new()),
         Ask::Smaller => (if pa < pb { a.clone() } else { b.clone() }, Vec::new()),
         Ask::Difference => ((pa - pb).to_string(), vec![with_commas(pa - pb)]),
     };
-    let (early, late) = if rng.chance(0.5) { ((&a, pa), (&b, pb)) } else { ((&b, pb), (&a, pa)) };
+    let (early, late) = if rng.chance(0.5) {
+        ((&a, pa), (&b, pb))
+    } else {
+        ((&b, pb), (&a, pa))
+    };
     let mut facts = vec![
-        Fact { text: census(rng, early.0, early.1), at: 0.0, paragraph: false },
-        Fact { text: census(rng, late.0, late.1), at: 0.0, paragraph: false },
+        Fact {
+            text: census(rng, early.0, early.1),
+            at: 0.0,
+            paragraph: false,
+        },
+        Fact {
+            text: census(rng, late.0, late.1),
+            at: 0.0,
+            paragraph: false,
+        },
     ];
     facts[0].at = 0.05 + 0.3 * rng.unit();
     facts[1].at = 0.65 + 0.3 * rng.unit();
@@ -101,5 +125,11 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
         towns.push(town);
     }
     let (document, spans) = DocBuilder::new(rng, towns).build(target_chars, &facts);
-    Generated { document, question: question(ask, &a, &b), answer, aliases, evidence: spans[..2].to_vec() }
+    Generated {
+        document,
+        question: question(ask, &a, &b),
+        answer,
+        aliases,
+        evidence: spans[..2].to_vec(),
+    }
 }

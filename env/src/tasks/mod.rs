@@ -30,7 +30,13 @@ use crate::tokens::CHARS_PER_TOKEN;
 use rng::{Rng, mix};
 
 /// The five families in the order they take turns within a split.
-pub const FAMILIES: [Family; 5] = [Family::Needle, Family::MultiHop, Family::Aggregate, Family::Compare, Family::Passage];
+pub const FAMILIES: [Family; 5] = [
+    Family::Needle,
+    Family::MultiHop,
+    Family::Aggregate,
+    Family::Compare,
+    Family::Passage,
+];
 
 /// How documents are sized.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,7 +52,11 @@ pub struct TaskConfig {
 impl Default for TaskConfig {
     /// A 4096-token window; documents from 500 tokens to 50 windows (204 800 tokens).
     fn default() -> TaskConfig {
-        TaskConfig { context_window: 4096, min_doc_tokens: 500, max_window_factor: 50.0 }
+        TaskConfig {
+            context_window: 4096,
+            min_doc_tokens: 500,
+            max_window_factor: 50.0,
+        }
     }
 }
 
@@ -131,23 +141,51 @@ pub fn split_seed(split: Split, index: usize) -> u64 {
 pub fn split_task(split: Split, index: usize, config: &TaskConfig) -> Result<Task, TaskError> {
     let len = split_len(split);
     if index >= len {
-        return Err(TaskError::OutOfRange { split: split_name(split), index, len });
+        return Err(TaskError::OutOfRange {
+            split: split_name(split),
+            index,
+            len,
+        });
     }
     let id = format!("{}-{index:05}", split_name(split));
-    Ok(generate(id, split, index, split_seed(split, index), FAMILIES[index % FAMILIES.len()], config))
+    Ok(generate(
+        id,
+        split,
+        index,
+        split_seed(split, index),
+        FAMILIES[index % FAMILIES.len()],
+        config,
+    ))
 }
 
 /// A task outside the fixed splits, generated from `seed` (family chosen by the seed).
 /// Its split is recorded as train and its index as 0; its id is `seed-<seed>`.
 pub fn seeded_task(seed: u64, config: &TaskConfig) -> Task {
     let family = FAMILIES[(mix(seed) % FAMILIES.len() as u64) as usize];
-    generate(format!("seed-{seed}"), Split::Train, 0, seed, family, config)
+    generate(
+        format!("seed-{seed}"),
+        Split::Train,
+        0,
+        seed,
+        family,
+        config,
+    )
 }
 
 /// Generates the task of `family` from `seed`.
-pub fn generate(id: String, split: Split, index: usize, seed: u64, family: Family, config: &TaskConfig) -> Task {
+pub fn generate(
+    id: String,
+    split: Split,
+    index: usize,
+    seed: u64,
+    family: Family,
+    config: &TaskConfig,
+) -> Task {
     let mut rng = Rng::new(seed);
-    let (lo, hi) = (config.min_doc_tokens.max(1) as f64, config.max_doc_tokens() as f64);
+    let (lo, hi) = (
+        config.min_doc_tokens.max(1) as f64,
+        config.max_doc_tokens() as f64,
+    );
     let tokens = (lo * (hi / lo).powf(rng.unit())).round() as usize;
     let target_chars = tokens * CHARS_PER_TOKEN;
     let g = match family {
@@ -184,29 +222,44 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(a.id, "eval-00042");
         assert_eq!(a.family, FAMILIES[42 % 5]);
-        assert_ne!(a.document, split_task(Split::Train, 42, &c).unwrap().document);
+        assert_ne!(
+            a.document,
+            split_task(Split::Train, 42, &c).unwrap().document
+        );
     }
 
     #[test]
     fn out_of_range_index_names_the_split() {
         let err = split_task(Split::Eval, 200, &TaskConfig::default()).unwrap_err();
-        assert_eq!(err.to_string(), "index 200 is out of range for the eval split, which has 200 tasks");
+        assert_eq!(
+            err.to_string(),
+            "index 200 is out of range for the eval split, which has 200 tasks"
+        );
     }
 
     #[test]
     fn evidence_and_answers_are_consistent_across_a_split() {
-        let c = TaskConfig { context_window: 1024, ..TaskConfig::default() };
+        let c = TaskConfig {
+            context_window: 1024,
+            ..TaskConfig::default()
+        };
         for index in 0..100 {
             let t = split_task(Split::Train, index, &c).unwrap();
             assert!(t.document.is_ascii(), "{}", t.id);
             assert!(!t.evidence.is_empty(), "{}", t.id);
             assert!(!t.answer.is_empty(), "{}", t.id);
             for span in &t.evidence {
-                assert!(span.start < span.end && span.end <= t.document.len(), "{}", t.id);
+                assert!(
+                    span.start < span.end && span.end <= t.document.len(),
+                    "{}",
+                    t.id
+                );
                 let fact = &t.document[span.start..span.end];
                 assert!(fact.ends_with('.'), "{}: {fact:?}", t.id);
                 match t.family {
-                    Family::Needle | Family::Passage => assert!(fact.contains(&t.answer), "{}: {fact:?}", t.id),
+                    Family::Needle | Family::Passage => {
+                        assert!(fact.contains(&t.answer), "{}: {fact:?}", t.id)
+                    }
                     Family::MultiHop => assert!(fact.contains("courier"), "{}: {fact:?}", t.id),
                     Family::Aggregate => assert!(fact.contains("hipment #"), "{}: {fact:?}", t.id),
                     Family::Compare => assert!(fact.contains("census"), "{}: {fact:?}", t.id),
@@ -218,15 +271,23 @@ mod tests {
     #[test]
     fn lengths_span_short_to_fifty_windows() {
         let c = TaskConfig::default();
-        let lens: Vec<usize> = (0..200).map(|i| split_task(Split::Eval, i, &c).unwrap().doc_tokens).collect();
+        let lens: Vec<usize> = (0..200)
+            .map(|i| split_task(Split::Eval, i, &c).unwrap().doc_tokens)
+            .collect();
         let (min, max) = (*lens.iter().min().unwrap(), *lens.iter().max().unwrap());
         assert!(min < 1000, "shortest {min}");
-        assert!(max > 20 * c.context_window && max <= c.max_doc_tokens() + 200, "longest {max}");
+        assert!(
+            max > 20 * c.context_window && max <= c.max_doc_tokens() + 200,
+            "longest {max}"
+        );
     }
 
     #[test]
     fn unknown_split_is_named() {
-        assert_eq!(parse_split("dev").unwrap_err().to_string(), "unknown split \"dev\": expected train, eval or heldout");
+        assert_eq!(
+            parse_split("dev").unwrap_err().to_string(),
+            "unknown split \"dev\": expected train, eval or heldout"
+        );
         assert_eq!(parse_split("heldout").unwrap(), Split::Heldout);
     }
 }

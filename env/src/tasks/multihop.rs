@@ -16,11 +16,15 @@ pub const HOP_TEMPLATES: &[&str] = &[
 
 /// The question for a chain starting at `start` with `hops` hops.
 pub fn question(start: &str, hops: usize) -> String {
-    format!("A parcel starts with courier {start} and is handed on {hops} times. Which courier holds it at the end?")
+    format!(
+        "A parcel starts with courier {start} and is handed on {hops} times. Which courier holds it at the end?"
+    )
 }
 
 fn hop(rng: &mut Rng, from: &str, to: &str) -> String {
-    rng.pick(HOP_TEMPLATES).replace("{A}", from).replace("{B}", to)
+    rng.pick(HOP_TEMPLATES)
+        .replace("{A}", from)
+        .replace("{B}", to)
 }
 
 /// Generates a multi-hop task of about `target_chars` characters.
@@ -42,14 +46,21 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
     let decoys = (target_chars / 3000).clamp(4, 150);
     for i in 0..decoys {
         let from = names.codename(rng);
-        let to = if i % 3 == 0 { chain[rng.range(1, hops)].clone() } else { names.codename(rng) };
+        let to = if i % 3 == 0 {
+            chain[rng.range(1, hops)].clone()
+        } else {
+            names.codename(rng)
+        };
         let text = hop(rng, &from, &to);
         facts.push(Fact::sentence(rng, text));
     }
     for _ in 0..rng.range(2, 4) {
         let who = &chain[rng.below(hops + 1)];
         let noise = if rng.chance(0.5) {
-            format!("Courier {who} was praised for punctuality on {}.", weekday(rng))
+            format!(
+                "Courier {who} was praised for punctuality on {}.",
+                weekday(rng)
+            )
         } else {
             format!("Courier {who} asked the office for a new satchel.")
         };

@@ -32,7 +32,11 @@ fn look_alike(rng: &mut Rng, key: &str, names: &mut Names) -> Option<String> {
     let (prefix, word) = key.split_once('-')?;
     for _ in 0..20 {
         let candidate = if rng.chance(0.5) {
-            format!("{}{}-{word}", (b'A' + rng.below(26) as u8) as char, rng.range(1, 9))
+            format!(
+                "{}{}-{word}",
+                (b'A' + rng.below(26) as u8) as char,
+                rng.range(1, 9)
+            )
         } else {
             format!("{prefix}-{word}S")
         };
@@ -53,7 +57,11 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
     let mut facts = vec![Fact::sentence(rng, first)];
     let decoys = (target_chars / 2500).clamp(4, 200);
     for i in 0..decoys {
-        let label = if i < 3 { look_alike(rng, &key, &mut names) } else { None };
+        let label = if i < 3 {
+            look_alike(rng, &key, &mut names)
+        } else {
+            None
+        };
         let label = label.unwrap_or_else(|| names.label(rng));
         let mut other = code(rng);
         while other == answer {
@@ -66,7 +74,10 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
         let mention = if rng.chance(0.5) {
             format!("Vault {key} was repainted in the {}.", season(rng))
         } else {
-            format!("Nobody could find the ledger for vault {key} on {}.", weekday(rng))
+            format!(
+                "Nobody could find the ledger for vault {key} on {}.",
+                weekday(rng)
+            )
         };
         facts.push(Fact::sentence(rng, mention));
     }
@@ -75,8 +86,17 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
         while retired == answer {
             retired = code(rng);
         }
-        facts.push(Fact::sentence(rng, format!("A retired code, {retired}, was once used for vault {key}.")));
+        facts.push(Fact::sentence(
+            rng,
+            format!("A retired code, {retired}, was once used for vault {key}."),
+        ));
     }
     let (document, spans) = DocBuilder::new(rng, cities).build(target_chars, &facts);
-    Generated { document, question: question(&key), answer, aliases: Vec::new(), evidence: vec![spans[0]] }
+    Generated {
+        document,
+        question: question(&key),
+        answer,
+        aliases: Vec::new(),
+        evidence: vec![spans[0]],
+    }
 }

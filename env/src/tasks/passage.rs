@@ -26,7 +26,11 @@ const ROLES: [Role; 3] = [Role::Born, Role::Worked, Role::Final];
 
 /// Phrasings per role: `{P}`/`{p}` pronoun (capitalised or not), `{S}`/`{s}` possessive,
 /// `{C}` the city, `{J}` the profession.
-const BORN: &[&str] = &["{P} was born in {C}.", "{C} was {s} birthplace.", "{P} came into the world in {C}."];
+const BORN: &[&str] = &[
+    "{P} was born in {C}.",
+    "{C} was {s} birthplace.",
+    "{P} came into the world in {C}.",
+];
 const WORKED: &[&str] = &[
     "For most of {s} career, {p} worked in {C}.",
     "{P} spent many years working in {C}.",
@@ -43,8 +47,18 @@ const ASIDES: &[&str] = &[
     "A letter from {C} reached {o} one winter.",
 ];
 const JOBS: &[&str] = &[
-    "cartographer", "glassblower", "bookbinder", "schoolteacher", "clockmaker", "surveyor",
-    "pilot", "printer", "botanist", "stonemason", "archivist", "weaver",
+    "cartographer",
+    "glassblower",
+    "bookbinder",
+    "schoolteacher",
+    "clockmaker",
+    "surveyor",
+    "pilot",
+    "printer",
+    "botanist",
+    "stonemason",
+    "archivist",
+    "weaver",
 ];
 
 fn templates(role: Role) -> &'static [&'static str] {
@@ -85,22 +99,37 @@ pub fn parse_question(q: &str) -> Option<(Role, String)> {
     if let Some(name) = rest.strip_suffix(" work for most of their career?") {
         return Some((Role::Worked, name.to_string()));
     }
-    Some((Role::Final, rest.strip_suffix(" spend their final years?")?.to_string()))
+    Some((
+        Role::Final,
+        rest.strip_suffix(" spend their final years?")?.to_string(),
+    ))
 }
 
 /// The biography of `who`: the naming sentence first, then the role sentences and asides
 /// in random order. Returns the paragraph and the byte range of each role's sentence.
-fn biography(rng: &mut Rng, who: &Person, cities: &[String; 3], asides: &[String], others: &[String]) -> (String, [(usize, usize); 3]) {
+fn biography(
+    rng: &mut Rng,
+    who: &Person,
+    cities: &[String; 3],
+    asides: &[String],
+    others: &[String],
+) -> (String, [(usize, usize); 3]) {
     let job = rng.pick(JOBS);
     let mut sentences: Vec<(Option<usize>, String)> = Vec::new();
     for (i, role) in ROLES.iter().enumerate() {
-        sentences.push((Some(i), fill(rng.pick(templates(*role)), who, &cities[i], job)));
+        sentences.push((
+            Some(i),
+            fill(rng.pick(templates(*role)), who, &cities[i], job),
+        ));
     }
     for (city, template) in asides.iter().zip(ASIDES.iter()) {
         sentences.push((None, fill(template, who, city, job)));
     }
     for other in others {
-        sentences.push((None, format!("{} often exchanged letters with {other}.", who.pron_cap())));
+        sentences.push((
+            None,
+            format!("{} often exchanged letters with {other}.", who.pron_cap()),
+        ));
     }
     rng.shuffle(&mut sentences);
     let mut text = format!("{} was a {job}.", who.name);
@@ -119,7 +148,9 @@ fn biography(rng: &mut Rng, who: &Person, cities: &[String; 3], asides: &[String
 pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
     let mut names = Names::new();
     let pool: Vec<String> = (0..24).map(|_| names.city(rng)).collect();
-    let people: Vec<Person> = (0..(target_chars / 2500).clamp(4, 120)).map(|_| names.person(rng)).collect();
+    let people: Vec<Person> = (0..(target_chars / 2500).clamp(4, 120))
+        .map(|_| names.person(rng))
+        .collect();
     let subject = &people[0];
     let role = rng.pick(&ROLES);
     let mut facts = Vec::new();
@@ -133,17 +164,29 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
                 picked.push(c);
             }
         }
-        let asides: Vec<String> = picked[3..].iter().take(rng.range(1, ASIDES.len())).cloned().collect();
+        let asides: Vec<String> = picked[3..]
+            .iter()
+            .take(rng.range(1, ASIDES.len()))
+            .cloned()
+            .collect();
         let cities = [picked[0].clone(), picked[1].clone(), picked[2].clone()];
         // Some other biographies mention the subject in passing.
-        let others = if i > 0 && i <= 2 { vec![subject.name.clone()] } else { Vec::new() };
+        let others = if i > 0 && i <= 2 {
+            vec![subject.name.clone()]
+        } else {
+            Vec::new()
+        };
         let (text, ranges) = biography(rng, who, &cities, &asides, &others);
         if i == 0 {
             let ix = ROLES.iter().position(|r| *r == role).unwrap_or(0);
             answer = cities[ix].clone();
             evidence = ranges[ix];
         }
-        facts.push(Fact { text, at: rng.unit(), paragraph: true });
+        facts.push(Fact {
+            text,
+            at: rng.unit(),
+            paragraph: true,
+        });
     }
     let (document, spans) = DocBuilder::new(rng, pool).build(target_chars, &facts);
     let base = spans[0].start;
@@ -152,7 +195,10 @@ pub fn generate(rng: &mut Rng, target_chars: usize) -> Generated {
         question: question(role, &subject.name),
         answer,
         aliases: Vec::new(),
-        evidence: vec![fathom_rewards::record::Span { start: base + evidence.0, end: base + evidence.1 }],
+        evidence: vec![fathom_rewards::record::Span {
+            start: base + evidence.0,
+            end: base + evidence.1,
+        }],
     }
 }
 
@@ -195,7 +241,11 @@ fn match_city(template: &str, sentence: &str) -> Option<String> {
         "{J}" => !w.is_empty(),
         _ => t == w,
     };
-    let head_ok = tb.iter().filter(|w| !w.is_empty()).zip(&sw).all(|(t, w)| fits(t, w));
+    let head_ok = tb
+        .iter()
+        .filter(|w| !w.is_empty())
+        .zip(&sw)
+        .all(|(t, w)| fits(t, w));
     let (city, tail_words) = (&sw[city_at], &sw[city_at + 1..]);
     let city = city.trim_end_matches(',');
     let tail_ok = tail.iter().zip(tail_words).all(|(t, w)| fits(t, w));
@@ -208,13 +258,22 @@ mod tests {
 
     #[test]
     fn reader_finds_each_role_in_each_phrasing() {
-        let who = Person { name: "Ilse Varrow".into(), she: true };
+        let who = Person {
+            name: "Ilse Varrow".into(),
+            she: true,
+        };
         for role in ROLES {
             for template in templates(role) {
                 let sentence = fill(template, &who, "Dunmere", "weaver");
-                let passage = format!("Ilse Varrow was a weaver. She once visited Oswick on a short trip. {sentence}");
+                let passage = format!(
+                    "Ilse Varrow was a weaver. She once visited Oswick on a short trip. {sentence}"
+                );
                 let q = question(role, "Ilse Varrow");
-                assert_eq!(read_passage(&q, &passage).as_deref(), Some("Dunmere"), "{sentence}");
+                assert_eq!(
+                    read_passage(&q, &passage).as_deref(),
+                    Some("Dunmere"),
+                    "{sentence}"
+                );
             }
         }
     }
@@ -222,13 +281,19 @@ mod tests {
     #[test]
     fn reader_refuses_someone_elses_biography() {
         let passage = "Anton Brunke was a printer. He often exchanged letters with Ilse Varrow. He was born in Kelby.";
-        assert_eq!(read_passage(&question(Role::Born, "Ilse Varrow"), passage), None);
+        assert_eq!(
+            read_passage(&question(Role::Born, "Ilse Varrow"), passage),
+            None
+        );
     }
 
     #[test]
     fn questions_parse_back() {
         for role in ROLES {
-            assert_eq!(parse_question(&question(role, "Ada Mork")), Some((role, "Ada Mork".to_string())));
+            assert_eq!(
+                parse_question(&question(role, "Ada Mork")),
+                Some((role, "Ada Mork".to_string()))
+            );
         }
     }
 }

@@ -14,64 +14,162 @@ use fathom_rewards::record::Span;
 use super::rng::Rng;
 
 const SUBJECTS: &[&str] = &[
-    "The committee", "A junior clerk", "The harbour master", "Our survey team", "The night shift",
-    "The regional office", "A visiting inspector", "The archive staff", "The maintenance crew",
-    "The finance desk", "A local supplier", "The weather station", "The planning board",
-    "An old ferryman", "The school governors", "The guild secretary", "Two apprentices",
-    "The district nurse", "A travelling surveyor", "The mill owners", "The lamp keepers",
+    "The committee",
+    "A junior clerk",
+    "The harbour master",
+    "Our survey team",
+    "The night shift",
+    "The regional office",
+    "A visiting inspector",
+    "The archive staff",
+    "The maintenance crew",
+    "The finance desk",
+    "A local supplier",
+    "The weather station",
+    "The planning board",
+    "An old ferryman",
+    "The school governors",
+    "The guild secretary",
+    "Two apprentices",
+    "The district nurse",
+    "A travelling surveyor",
+    "The mill owners",
+    "The lamp keepers",
 ];
 const VERBS: &[&str] = &[
-    "reviewed", "postponed", "discussed", "approved", "questioned", "summarised", "recorded",
-    "revisited", "documented", "catalogued", "misplaced", "corrected", "copied out", "debated",
-    "set aside", "checked", "rewrote", "filed", "read aloud", "signed off",
+    "reviewed",
+    "postponed",
+    "discussed",
+    "approved",
+    "questioned",
+    "summarised",
+    "recorded",
+    "revisited",
+    "documented",
+    "catalogued",
+    "misplaced",
+    "corrected",
+    "copied out",
+    "debated",
+    "set aside",
+    "checked",
+    "rewrote",
+    "filed",
+    "read aloud",
+    "signed off",
 ];
 const OBJECTS: &[&str] = &[
-    "the quarterly figures", "the revised schedule", "a backlog of requests", "the drainage plans",
-    "the staffing rota", "the annual budget", "several old ledgers", "the supply contracts",
-    "the safety checklist", "a stack of permits", "the tide tables", "the minutes of the last meeting",
-    "the boundary maps", "a complaint about the noise", "the repair estimates", "the list of volunteers",
-    "the ferry timetable", "the inventory of the east store", "a proposal for a new bridge",
+    "the quarterly figures",
+    "the revised schedule",
+    "a backlog of requests",
+    "the drainage plans",
+    "the staffing rota",
+    "the annual budget",
+    "several old ledgers",
+    "the supply contracts",
+    "the safety checklist",
+    "a stack of permits",
+    "the tide tables",
+    "the minutes of the last meeting",
+    "the boundary maps",
+    "a complaint about the noise",
+    "the repair estimates",
+    "the list of volunteers",
+    "the ferry timetable",
+    "the inventory of the east store",
+    "a proposal for a new bridge",
 ];
 const TAILS: &[&str] = &[
-    "before the holiday", "after a long delay", "without much debate", "in the east wing",
-    "during the morning meeting", "for the third time this year", "with some reluctance",
-    "at the request of the board", "while the roads were closed", "late into the evening",
-    "as the rain set in", "under a borrowed lamp", "to nobody's surprise", "in a hurry",
-    "once the bell had rung", "with unusual care", "before anyone objected",
+    "before the holiday",
+    "after a long delay",
+    "without much debate",
+    "in the east wing",
+    "during the morning meeting",
+    "for the third time this year",
+    "with some reluctance",
+    "at the request of the board",
+    "while the roads were closed",
+    "late into the evening",
+    "as the rain set in",
+    "under a borrowed lamp",
+    "to nobody's surprise",
+    "in a hurry",
+    "once the bell had rung",
+    "with unusual care",
+    "before anyone objected",
 ];
-const WEEKDAYS: &[&str] = &["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const WEEKDAYS: &[&str] = &[
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
 const SEASONS: &[&str] = &["spring", "summer", "autumn", "winter"];
 
 const CITY_HEADS: &[&str] = &[
     "Ash", "Bel", "Cor", "Dun", "El", "Fen", "Gal", "Har", "Ir", "Kel", "Lor", "Mar", "Nor", "Os",
-    "Pel", "Quen", "Ros", "Sel", "Tor", "Ul", "Val", "Wex", "Yar", "Zan", "Brin", "Cal", "Drey", "Tam",
+    "Pel", "Quen", "Ros", "Sel", "Tor", "Ul", "Val", "Wex", "Yar", "Zan", "Brin", "Cal", "Drey",
+    "Tam",
 ];
 const CITY_TAILS: &[&str] = &[
-    "wick", "mere", "holt", "ford", "by", "stead", "haven", "moor", "field", "gate", "burg", "vale",
-    "port", "ton", "mouth", "crest", "bridge", "combe",
+    "wick", "mere", "holt", "ford", "by", "stead", "haven", "moor", "field", "gate", "burg",
+    "vale", "port", "ton", "mouth", "crest", "bridge", "combe",
 ];
 /// First names with the pronoun each takes (`true`: she/her).
 const FIRST_NAMES: &[(&str, bool)] = &[
-    ("Ilse", true), ("Mara", true), ("Tove", true), ("Edith", true), ("Noor", true), ("Lena", true),
-    ("Agnes", true), ("Rosa", true), ("Wilma", true), ("Greta", true), ("Ada", true), ("Hanne", true),
-    ("Sabine", true), ("Yara", true), ("Clara", true), ("Odile", true), ("Petra", true), ("Ines", true),
-    ("Anton", false), ("Bram", false), ("Cyril", false), ("Dorian", false), ("Emil", false),
-    ("Felix", false), ("Gideon", false), ("Hugo", false), ("Ivo", false), ("Jonas", false),
-    ("Karel", false), ("Lucan", false), ("Milo", false), ("Nils", false), ("Otto", false),
-    ("Pavel", false), ("Ruben", false), ("Silas", false),
+    ("Ilse", true),
+    ("Mara", true),
+    ("Tove", true),
+    ("Edith", true),
+    ("Noor", true),
+    ("Lena", true),
+    ("Agnes", true),
+    ("Rosa", true),
+    ("Wilma", true),
+    ("Greta", true),
+    ("Ada", true),
+    ("Hanne", true),
+    ("Sabine", true),
+    ("Yara", true),
+    ("Clara", true),
+    ("Odile", true),
+    ("Petra", true),
+    ("Ines", true),
+    ("Anton", false),
+    ("Bram", false),
+    ("Cyril", false),
+    ("Dorian", false),
+    ("Emil", false),
+    ("Felix", false),
+    ("Gideon", false),
+    ("Hugo", false),
+    ("Ivo", false),
+    ("Jonas", false),
+    ("Karel", false),
+    ("Lucan", false),
+    ("Milo", false),
+    ("Nils", false),
+    ("Otto", false),
+    ("Pavel", false),
+    ("Ruben", false),
+    ("Silas", false),
 ];
 const SURNAME_HEADS: &[&str] = &[
     "Var", "Mor", "Hal", "Esk", "Brun", "Cald", "Dra", "Fal", "Gor", "Hest", "Lind", "Mart", "Orm",
     "Pend", "Rask", "Sten", "Thal", "Vos", "Wend", "Ald",
 ];
 const SURNAME_TAILS: &[&str] = &[
-    "n", "row", "sby", "ke", "dahl", "well", "ing", "mark", "holm", "ley", "strom", "wick", "ard", "ett",
+    "n", "row", "sby", "ke", "dahl", "well", "ing", "mark", "holm", "ley", "strom", "wick", "ard",
+    "ett",
 ];
 const CODE_WORDS: &[&str] = &[
-    "ALDER", "BIRCH", "CEDAR", "ELM", "HAZEL", "MAPLE", "ROWAN", "WILLOW", "ASPEN", "LARCH", "HERON",
-    "PLOVER", "WREN", "FINCH", "KESTREL", "OSPREY", "RAVEN", "SWIFT", "ORCHID", "THISTLE", "TANSY",
-    "SORREL", "YARROW", "BRAMBLE", "FLINT", "GARNET", "JASPER", "ONYX", "QUARTZ", "SLATE", "COBALT",
-    "AMBER", "CINDER", "EMBER", "FROST", "GALE", "HARBOR", "LANTERN", "MARSH", "NORTH",
+    "ALDER", "BIRCH", "CEDAR", "ELM", "HAZEL", "MAPLE", "ROWAN", "WILLOW", "ASPEN", "LARCH",
+    "HERON", "PLOVER", "WREN", "FINCH", "KESTREL", "OSPREY", "RAVEN", "SWIFT", "ORCHID", "THISTLE",
+    "TANSY", "SORREL", "YARROW", "BRAMBLE", "FLINT", "GARNET", "JASPER", "ONYX", "QUARTZ", "SLATE",
+    "COBALT", "AMBER", "CINDER", "EMBER", "FROST", "GALE", "HARBOR", "LANTERN", "MARSH", "NORTH",
 ];
 
 /// Makes unique names of each kind, never repeating one within a task.
@@ -114,7 +212,9 @@ impl Person {
 impl Names {
     /// No names used yet.
     pub fn new() -> Names {
-        Names { used: BTreeSet::new() }
+        Names {
+            used: BTreeSet::new(),
+        }
     }
 
     fn fresh(&mut self, rng: &mut Rng, make: impl Fn(&mut Rng) -> String) -> String {
@@ -128,7 +228,9 @@ impl Names {
 
     /// A city, e.g. "Dunmere".
     pub fn city(&mut self, rng: &mut Rng) -> String {
-        self.fresh(rng, |r| format!("{}{}", r.pick(CITY_HEADS), r.pick(CITY_TAILS)))
+        self.fresh(rng, |r| {
+            format!("{}{}", r.pick(CITY_HEADS), r.pick(CITY_TAILS))
+        })
     }
 
     /// A person with a first name and a surname.
@@ -138,7 +240,10 @@ impl Names {
             let (first, _) = r.pick(FIRST_NAMES);
             format!("{first} {}{}", r.pick(SURNAME_HEADS), r.pick(SURNAME_TAILS))
         });
-        if let Some((_, s)) = FIRST_NAMES.iter().find(|(f, _)| name.starts_with(&format!("{f} "))) {
+        if let Some((_, s)) = FIRST_NAMES
+            .iter()
+            .find(|(f, _)| name.starts_with(&format!("{f} ")))
+        {
             she = *s;
         }
         Person { name, she }
@@ -146,12 +251,21 @@ impl Names {
 
     /// An upper-case code name with a number, e.g. "HERON-41".
     pub fn codename(&mut self, rng: &mut Rng) -> String {
-        self.fresh(rng, |r| format!("{}-{}", r.pick(CODE_WORDS), r.range(10, 99)))
+        self.fresh(rng, |r| {
+            format!("{}-{}", r.pick(CODE_WORDS), r.range(10, 99))
+        })
     }
 
     /// A label like "Q7-ALDER".
     pub fn label(&mut self, rng: &mut Rng) -> String {
-        self.fresh(rng, |r| format!("{}{}-{}", (b'A' + r.below(26) as u8) as char, r.range(1, 9), r.pick(CODE_WORDS)))
+        self.fresh(rng, |r| {
+            format!(
+                "{}{}-{}",
+                (b'A' + r.below(26) as u8) as char,
+                r.range(1, 9),
+                r.pick(CODE_WORDS)
+            )
+        })
     }
 
     /// Registers `name` as used (for look-alikes made by hand); false if it already was.
@@ -213,7 +327,11 @@ pub struct Fact {
 impl Fact {
     /// A sentence placed at a random position.
     pub fn sentence(rng: &mut Rng, text: String) -> Fact {
-        Fact { text, at: rng.unit(), paragraph: false }
+        Fact {
+            text,
+            at: rng.unit(),
+            paragraph: false,
+        }
     }
 }
 
@@ -259,7 +377,10 @@ impl<'a> DocBuilder<'a> {
                     text.push(' ');
                     let start = text.len();
                     text.push_str(&facts[f].text);
-                    spans[f] = Span { start, end: text.len() };
+                    spans[f] = Span {
+                        start,
+                        end: text.len(),
+                    };
                     next += 1;
                     continue;
                 }
@@ -279,16 +400,23 @@ impl<'a> DocBuilder<'a> {
                 let f = order[next];
                 let start = text.len();
                 text.push_str(&facts[f].text);
-                spans[f] = Span { start, end: text.len() };
+                spans[f] = Span {
+                    start,
+                    end: text.len(),
+                };
                 text.push_str("\n\n");
                 next += 1;
             }
             // Sentence facts due exactly at the end are placed in the next paragraph.
-            if filler_written >= filler_chars && next < order.len() && !facts[order[next]].paragraph {
+            if filler_written >= filler_chars && next < order.len() && !facts[order[next]].paragraph
+            {
                 let f = order[next];
                 let start = text.len();
                 text.push_str(&facts[f].text);
-                spans[f] = Span { start, end: text.len() };
+                spans[f] = Span {
+                    start,
+                    end: text.len(),
+                };
                 text.push_str("\n\n");
                 next += 1;
             }
@@ -308,9 +436,21 @@ mod tests {
     fn facts_land_where_their_spans_say() {
         let mut rng = Rng::new(7);
         let facts = vec![
-            Fact { text: "Fact one is here.".into(), at: 0.9, paragraph: false },
-            Fact { text: "A whole paragraph of fact.".into(), at: 0.1, paragraph: true },
-            Fact { text: "Fact at the very end.".into(), at: 1.0, paragraph: false },
+            Fact {
+                text: "Fact one is here.".into(),
+                at: 0.9,
+                paragraph: false,
+            },
+            Fact {
+                text: "A whole paragraph of fact.".into(),
+                at: 0.1,
+                paragraph: true,
+            },
+            Fact {
+                text: "Fact at the very end.".into(),
+                at: 1.0,
+                paragraph: false,
+            },
         ];
         let (text, spans) = DocBuilder::new(&mut rng, vec!["Dunmere".into()]).build(5000, &facts);
         assert!(text.is_ascii());

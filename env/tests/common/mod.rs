@@ -12,7 +12,9 @@ use fathom_env::sublm::SubLm;
 
 /// Sandbox settings for tests: the crate's `fathom-sandbox` binary, short limits.
 pub fn sandbox_config() -> SandboxConfig {
-    let mut config = SandboxConfig::new(WorkerCommand::Path(env!("CARGO_BIN_EXE_fathom-sandbox").into()));
+    let mut config = SandboxConfig::new(WorkerCommand::Path(
+        env!("CARGO_BIN_EXE_fathom-sandbox").into(),
+    ));
     config.idle_workers = 1;
     config.step_timeout = Duration::from_secs(10);
     config.limits.memory_bytes = 512 << 20;
@@ -35,7 +37,17 @@ pub fn normalise(s: &str) -> String {
     let cleaned: String = s
         .to_lowercase()
         .chars()
-        .map(|c| if c.is_alphanumeric() || c.is_whitespace() { c } else { ' ' })
+        .map(|c| {
+            if c.is_alphanumeric() || c.is_whitespace() {
+                c
+            } else {
+                ' '
+            }
+        })
         .collect();
-    cleaned.split_whitespace().filter(|w| !matches!(*w, "a" | "an" | "the")).collect::<Vec<_>>().join(" ")
+    cleaned
+        .split_whitespace()
+        .filter(|w| !matches!(*w, "a" | "an" | "the"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
