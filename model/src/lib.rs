@@ -1,8 +1,35 @@
-//! A burn Qwen2 causal language model that loads Hugging Face checkpoints.
+//! A burn Qwen2 causal language model that loads Hugging Face checkpoints: f32/f16/bf16 and
+//! bitsandbytes NF4 weights, LoRA adapters in PEFT's format, batched generation with a
+//! caller-owned KV cache, and the per-token log-probabilities a trainer needs.
+//!
+//! The model is generic over the burn backend; [`Cpu`] is the default, `Wgpu` and `Cuda` come
+//! with the `wgpu` and `cuda` features. Every backend implements [`nf4::Nf4Backend`], the one
+//! extension the model needs beyond burn's own operations.
 
+pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod generate;
+pub mod inputs;
+pub mod linear;
+pub mod load;
+pub mod lora;
 pub mod nf4;
+pub mod peft;
+pub mod qwen2;
+pub mod tokenizer;
 
+pub use cache::KvCache;
+pub use config::Qwen2Config;
 pub use error::{ModelError, Result};
+pub use inputs::{RopeFrequencies, StepInput};
+pub use linear::Linear;
+pub use load::LoadOptions;
+pub use generate::{generate, sequence_logprobs, GenerateConfig, Generated, Sampling};
+pub use lora::{LoraSettings, Target};
+pub use qwen2::Qwen2ForCausalLM;
+pub use tokenizer::{ChatMessage, ChatRole, Tokenizer};
+
+/// The default CPU backend.
+pub type Cpu = burn::backend::NdArray;

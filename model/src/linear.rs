@@ -1,0 +1,191 @@
+//! The one linear abstraction every projection uses: a frozen base (dense or NF4), an optional
+//! frozen bias, and an optional trainable LoRA adapter — `y = base(x) + bias + lora(x)`.
+//!
+//! The base and bias are plain tensors, not `Param`s: burn treats them as constants, so they
+//! never receive gradients, never reach an optimizer and never appear in a record. Only the
+//! adapter's `lora_a` / `lora_b` are parameters.
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+use crate::lora::Lora;
+use crate::nf4::format::{quantize_nf4, BLOCK};
+use crate::nf4::{codes_bytes, codes_tensor, Nf4Backend};
+
+/// An NF4-quantized `[rows, cols]` weight kept packed on the device.
+#[derive(Module, Debug)]
+pub struct Nf4Weight<B: Backend> {
+    /// bitsandbytes' packed bytes as `u32` words (eight codes per word).
+    pub codes: Tensor<B, 1, Int>,
+    /// One f32 scale per 64-element block of the flattened weight (double-quantized absmax is
+    /// expanded to f32 at load time: 4 bytes per 64 weights).
+    pub absmax: Tensor<B, 1>,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+}
+
+impl<B: Backend> Nf4Weight<B> {
+    /// Quantizes a dense row-major `[rows, cols]` weight on the host and uploads it packed.
+    pub fn quantize(weight: &[f32], rows: usize, cols: usize, device: &B::Device) -> Self {
+        let q = quantize_nf4(weight);
+        Self::from_parts(&q.packed, &q.absmax, rows, cols, device)
+    }
+
+    /// Uploads packed bytes and f32 absmax.
+    pub fn from_parts(packed: &[u8], absmax: &[f32], rows: usize, cols: usize, device: &B::Device) -> Self {
+        debug_assert_eq!(packed.len(), (rows * cols).div_ceil(2));
+        debug_assert_eq!(absmax.len(), (rows * cols).div_ceil(BLOCK));
+        Self {
+            codes: codes_tensor::<B>(packed, device),
+            absmax: Tensor::from_floats(absmax, device),
+            rows,
+            cols,
+        }
+    }
+
+    /// bitsandbytes' packed bytes, read back from the device.
+    pub fn packed_bytes(&self) -> Vec<u8> {
+        codes_bytes(&self.codes, (self.rows * self.cols).div_ceil(2))
+    }
+}
+
+impl<B: Nf4Backend> Nf4Weight<B> {
+    /// The dequantized `[rows, cols]` weight.
+    pub fn dequantize(&self) -> Tensor<B, 2> {
+        let out = B::nf4_dequantize(
+            self.codes.clone().into_primitive(),
+            self.absmax.clone().into_primitive().tensor(),
+            self.rows,
+            self.cols,
+        );
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+}
+
+/// The frozen base weight of a projection, `[out_features, in_features]` as in PyTorch.
+#[derive(Module, Debug)]
+pub enum BaseWeight<B: Backend> {
+    /// A dense f32 weight.
+    Dense(Tensor<B, 2>),
+    /// A packed NF4 weight.
+    Nf4(Nf4Weight<B>),
+}
+
+/// A projection: frozen base, optional frozen bias, optional LoRA adapter.
+#[derive(Module, Debug)]
+pub struct Linear<B: Backend> {
+    /// The base weight.
+    pub weight: BaseWeight<B>,
+    /// The bias (`q_proj`, `k_proj` and `v_proj` have one in Qwen2).
+    pub bias: Option<Tensor<B, 1>>,
+    /// The adapter, when one is attached.
+    pub lora: Option<Lora<B>>,
+}
+
+impl<B: Backend> Linear<B> {
+    /// A projection with a dense base.
+    pub fn dense(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Self {
+        Self { weight: BaseWeight::Dense(weight), bias, lora: None }
+    }
+
+    /// `[out_features, in_features]`.
+    pub fn shape(&self) -> [usize; 2] {
+        match &self.weight {
+            BaseWeight::Dense(w) => w.dims(),
+            BaseWeight::Nf4(w) => [w.rows, w.cols],
+        }
+    }
+
+    /// Whether the base is NF4.
+    pub fn is_nf4(&self) -> bool {
+        matches!(self.weight, BaseWeight::Nf4(_))
+    }
+}
+
+impl<B: Nf4Backend> Linear<B> {
+    /// Applies the projection.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, in_features]`
+    /// - output: `[batch, seq, out_features]`
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, seq, cols] = x.dims();
+        let [rows, _] = self.shape();
+        let flat = x.reshape([batch * seq, cols]);
+        let mut y = self.base_forward(flat.clone());
+        if let Some(bias) = &self.bias {
+            y = y + bias.clone().unsqueeze_dim(0);
+        }
+        if let Some(lora) = &self.lora {
+            y = y + lora.forward(flat);
+        }
+        y.reshape([batch, seq, rows])
+    }
+
+    /// `x · Wᵀ` through the base alone, for `x` `[m, in_features]`.
+    pub fn base_forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.weight {
+            BaseWeight::Dense(w) => x.matmul(w.clone().transpose()),
+            BaseWeight::Nf4(w) => Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
+                x.into_primitive().tensor(),
+                w.codes.clone().into_primitive(),
+                w.absmax.clone().into_primitive().tensor(),
+                w.rows,
+                w.cols,
+            ))),
+        }
+    }
+
+    /// The base weight as a dense `[out, in]` tensor (dequantized if NF4).
+    pub fn dense_weight(&self) -> Tensor<B, 2> {
+        match &self.weight {
+            BaseWeight::Dense(w) => w.clone(),
+            BaseWeight::Nf4(w) => w.dequantize(),
+        }
+    }
+
+    /// Folds the adapter into a dense base (`W + scale · B·A`) and drops it; an NF4 base is
+    /// dequantized first, so the result is dense.
+    pub fn merge(self) -> Self {
+        let Some(lora) = &self.lora else { return self };
+        let merged = self.dense_weight() + lora.delta_weight();
+        Self { weight: BaseWeight::Dense(merged), bias: self.bias, lora: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use burn::tensor::{Distribution, TensorData};
+
+    type B = NdArray;
+
+    #[test]
+    fn nf4_and_dense_bases_agree_after_dequantization() {
+        let device = Default::default();
+        let (rows, cols) = (32, 128);
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 13 % 97) as f32 - 48.0) / 200.0).collect();
+        let nf4 = Nf4Weight::<B>::quantize(&w, rows, cols, &device);
+        let dense = Linear::dense(nf4.dequantize(), None);
+        let quant = Linear { weight: BaseWeight::Nf4(nf4), bias: None, lora: None };
+        for seq in [1, 20] {
+            let x = Tensor::<B, 3>::random([2, seq, cols], Distribution::Default, &device);
+            let diff = (dense.forward(x.clone()) - quant.forward(x)).abs().max().into_scalar();
+            assert!(diff < 1e-4, "seq {seq}: {diff}");
+        }
+    }
+
+    #[test]
+    fn bias_is_added() {
+        let device = Default::default();
+        let w = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2]), &device);
+        let bias = Tensor::<B, 1>::from_floats([10.0, 20.0], &device);
+        let lin = Linear::dense(w, Some(bias));
+        let x = Tensor::<B, 3>::from_data(TensorData::new(vec![1.0f32, 2.0], [1, 1, 2]), &device);
+        assert_eq!(lin.forward(x).into_data().to_vec::<f32>().unwrap(), vec![11.0, 22.0]);
+    }
+}

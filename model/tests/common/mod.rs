@@ -1,0 +1,66 @@
+//! Shared helpers for the parity tests: fixture paths and the reference tensors.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use fathom_model::checkpoint::Checkpoint;
+
+/// Path of a fixture under the repository's `fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures")).join(name)
+}
+
+/// `reference.safetensors` of a fixture model.
+pub struct Reference {
+    pub input_ids: Vec<Vec<u32>>,
+    pub attention_mask: Vec<Vec<u8>>,
+    pub logits: Vec<f32>,
+    pub vocab: usize,
+    pub greedy: Vec<Vec<u32>>,
+}
+
+fn i64s(ck: &Checkpoint, name: &str) -> (Vec<usize>, Vec<i64>) {
+    let raw = ck.raw(name).unwrap();
+    let values = raw.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+    (raw.shape, values)
+}
+
+fn rows<T: Copy>(shape: &[usize], values: &[i64], f: impl Fn(i64) -> T) -> Vec<Vec<T>> {
+    values.chunks(shape[1]).map(|r| r.iter().map(|&v| f(v)).collect()).collect()
+}
+
+impl Reference {
+    pub fn read(dir: &Path) -> Self {
+        let ck = Checkpoint::open_files(dir, &[dir.join("reference.safetensors")]).unwrap();
+        let (s, ids) = i64s(&ck, "input_ids");
+        let (_, mask) = i64s(&ck, "attention_mask");
+        let (gs, greedy) = i64s(&ck, "greedy_ids");
+        let shape = ck.shape("logits").unwrap();
+        Self {
+            input_ids: rows(&s, &ids, |v| v as u32),
+            attention_mask: rows(&s, &mask, |v| v as u8),
+            logits: ck.f32("logits", &shape).unwrap(),
+            vocab: shape[2],
+            greedy: rows(&gs, &greedy, |v| v as u32),
+        }
+    }
+}
+
+/// Largest |a - b| over positions where the attention mask is 1.
+pub fn max_masked_diff(logits: &[f32], r: &Reference) -> f32 {
+    let seq = r.input_ids[0].len();
+    let mut max = 0f32;
+    for (b, mask) in r.attention_mask.iter().enumerate() {
+        for (t, &m) in mask.iter().enumerate() {
+            if m == 0 {
+                continue;
+            }
+            let off = (b * seq + t) * r.vocab;
+            for v in 0..r.vocab {
+                max = max.max((logits[off + v] - r.logits[off + v]).abs());
+            }
+        }
+    }
+    max
+}
