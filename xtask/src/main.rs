@@ -2,6 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
+mod data;
+mod episode;
+mod repl;
 mod score;
 
 /// Fathom: teach a small language model to work as a Recursive Language Model.
@@ -16,9 +19,17 @@ struct Cli {
 enum Command {
     /// Score a trajectory against its task and print every reward component as JSON.
     Score(score::ScoreArgs),
+    /// Export a split's tasks as JSONL, one serialized task per line.
+    Data(data::DataArgs),
+    /// Run a code file in a fresh sandboxed REPL over a context file; print the result as JSON.
+    Repl(repl::ReplArgs),
+    /// Run one episode of a split's task with a policy and print the trajectory.
+    Episode(episode::EpisodeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
+    // When started as a sandbox worker, serve the session and exit (see fathom_env::sandbox).
+    fathom_env::sandbox::run_worker_if_requested();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -29,5 +40,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Score(args) => score::run(args),
+        Command::Data(args) => data::run(args),
+        Command::Repl(args) => repl::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
+        Command::Episode(args) => episode::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
     }
 }
