@@ -51,11 +51,21 @@ fn document(bytes: usize) -> String {
     doc
 }
 
+/// The real interpreter behind `python3` (not a shim such as pyenv's, which adds ~100 ms),
+/// or `$FATHOM_BENCH_PYTHON`.
 fn python3() -> String {
-    std::env::var("FATHOM_BENCH_PYTHON").unwrap_or_else(|_| "python3".into())
+    if let Ok(p) = std::env::var("FATHOM_BENCH_PYTHON") {
+        return p;
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable, end='')"])
+        .output()
+        .expect("python3 on PATH");
+    String::from_utf8(out.stdout).expect("utf-8 path")
 }
 
 fn subprocess_steps(code: &str, context_file: Option<&std::path::Path>, n: usize) -> Vec<f64> {
+    let python = python3();
     let program = match context_file {
         Some(path) => format!(
             "context = open({:?}).read()\n{code}",
@@ -66,7 +76,7 @@ fn subprocess_steps(code: &str, context_file: Option<&std::path::Path>, n: usize
     (0..n)
         .map(|_| {
             time_ms(|| {
-                let out = Command::new(python3())
+                let out = Command::new(&python)
                     .args(["-c", &program])
                     .output()
                     .expect("python3 runs");
@@ -139,6 +149,23 @@ fn main() {
     let sub_regex = subprocess_steps(regex_code, Some(&ctx_file), 100);
     let _ = std::fs::remove_dir_all(&dir);
 
+    let config = fathom_env::tasks::TaskConfig::default();
+    let mut largest = 0;
+    let generation: Vec<f64> =
+        (0..fathom_env::tasks::split_len(fathom_rewards::record::Split::Eval))
+            .map(|i| {
+                time_ms(|| {
+                    let t = fathom_env::tasks::split_task(
+                        fathom_rewards::record::Split::Eval,
+                        i,
+                        &config,
+                    )
+                    .unwrap();
+                    largest = largest.max(t.doc_tokens);
+                })
+            })
+            .collect();
+
     let rows = [
         row("sandbox step, trivial code (`x = 1`)", trivial),
         row("`python3 -c` per step, trivial code", sub_trivial),
@@ -155,11 +182,17 @@ fn main() {
             "episode start with idle workers (acquire, load 1 MB, seal)",
             session_start,
         ),
+        row(
+            "generating one eval task (500 to 204 800 tokens)",
+            generation,
+        ),
     ];
+    println!("baseline interpreter: {}\n", python3());
     println!("| measurement | n | p50 (ms) | p99 (ms) |\n| --- | --- | --- | --- |");
     for r in &rows {
         println!("| {} | {} | {:.3} | {:.3} |", r.name, r.n, r.p50, r.p99);
     }
+    println!("\nlargest eval document: {largest} tokens");
     println!(
         "\nratio (python3 -c / sandbox), p50: trivial {:.0}x, 1 MB regex {:.1}x; p99: trivial {:.0}x, 1 MB regex {:.1}x",
         rows[1].p50 / rows[0].p50,
