@@ -122,10 +122,10 @@ impl LlmRouter {
 
 /// Splits an `llm()` prompt into a sub-episode's question and document.
 fn split_prompt(prompt: &str, how: &SubContext) -> (String, String) {
-    if let SubContext::SplitAt(marker) = how {
-        if let Some((question, document)) = prompt.split_once(marker.as_str()) {
-            return (question.trim().to_string(), document.to_string());
-        }
+    if let SubContext::SplitAt(marker) = how
+        && let Some((question, document)) = prompt.split_once(marker.as_str())
+    {
+        return (question.trim().to_string(), document.to_string());
     }
     (WHOLE_PROMPT_QUESTION.to_string(), prompt.to_string())
 }

@@ -242,3 +242,30 @@ fn episodes_step_concurrently() {
         assert_eq!(t.steps[0].output.as_ref().unwrap().stdout, format!("{i}\n"));
     }
 }
+
+#[test]
+fn a_binary_that_is_not_a_worker_is_a_clear_error() {
+    let mut config = common::sandbox_config();
+    config.worker = fathom_env::sandbox::WorkerCommand::Path("/bin/true".into());
+    config.idle_workers = 0;
+    let pool = fathom_env::sandbox::SandboxPool::new(config).unwrap();
+    let err = pool
+        .session("doc")
+        .err()
+        .expect("no session from /bin/true")
+        .to_string();
+    assert!(
+        err.contains("/bin/true") && err.contains("run_worker_if_requested"),
+        "{err}"
+    );
+    let missing = common::sandbox_config();
+    let missing = fathom_env::sandbox::SandboxConfig {
+        worker: fathom_env::sandbox::WorkerCommand::Path("/nonexistent/worker".into()),
+        ..missing
+    };
+    let err = fathom_env::sandbox::SandboxPool::new(missing)
+        .err()
+        .expect("missing binary")
+        .to_string();
+    assert!(err.contains("/nonexistent/worker"), "{err}");
+}

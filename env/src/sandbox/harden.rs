@@ -167,7 +167,7 @@ fn target_arch() -> Result<TargetArch, HardenError> {
 /// Builds the allow-list filter.
 pub fn build_filter() -> Result<BpfProgram, HardenError> {
     let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
-        ALLOWED.iter().map(|&nr| (nr as i64, Vec::new())).collect();
+        ALLOWED.iter().map(|&nr| (nr, Vec::new())).collect();
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Errno(libc::EPERM as u32),

@@ -12,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::process::WorkerProcess;
+use super::process::{WorkerFault, WorkerProcess};
 use super::protocol::FromWorker;
 use super::session::Session;
 use super::{SandboxConfig, SandboxError};
@@ -211,6 +211,17 @@ fn start_worker(shared: &Shared) -> Result<WorkerProcess, String> {
         }
         Ok(FromWorker::Failed { message }) => Err(message),
         Ok(other) => Err(format!("unexpected first message {other:?}")),
-        Err(fault) => Err(format!("worker did not start: {fault}")),
+        Err(fault) => {
+            let hint = match &fault {
+                WorkerFault::Died(how) if how.contains("status 127") => {
+                    " (the dynamic loader could not start it: is libpython on its rpath?)"
+                }
+                WorkerFault::Died(_) => {
+                    " (is it a binary that calls run_worker_if_requested() first in main?)"
+                }
+                _ => "",
+            };
+            Err(format!("worker did not start: {fault}{hint}"))
+        }
     }
 }

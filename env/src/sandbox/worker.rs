@@ -78,12 +78,12 @@ fn run(parent: libc::pid_t) -> Result<(), String> {
     };
     let channel = Arc::new(Mutex::new(channel));
     let result = serve(&channel);
-    if let Err(message) = &result {
-        if let Ok(mut ch) = channel.lock() {
-            let _ = ch.send(&FromWorker::Failed {
-                message: message.clone(),
-            });
-        }
+    if let Err(message) = &result
+        && let Ok(mut ch) = channel.lock()
+    {
+        let _ = ch.send(&FromWorker::Failed {
+            message: message.clone(),
+        });
     }
     result
 }
@@ -209,10 +209,9 @@ fn seal(limits: &WorkerLimits) -> Result<(), String> {
 type Record = (String, Option<String>, usize, usize);
 
 fn run_one(py: Python<'_>, run_cell: &Py<PyAny>, code: &str) -> CellDone {
-    let result = run_cell.call1(py, (code,)).and_then(|r| {
-        r.extract::<(String, String, Option<String>, bool, Vec<Record>, usize)>(py)
-            .map_err(PyErr::from)
-    });
+    let result = run_cell
+        .call1(py, (code,))
+        .and_then(|r| r.extract::<(String, String, Option<String>, bool, Vec<Record>, usize)>(py));
     match result {
         Ok((stdout, stderr, error, truncated, records, accesses_dropped)) => CellDone {
             stdout,

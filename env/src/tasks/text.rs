@@ -209,6 +209,12 @@ impl Person {
     }
 }
 
+impl Default for Names {
+    fn default() -> Names {
+        Names::new()
+    }
+}
+
 impl Names {
     /// No names used yet.
     pub fn new() -> Names {
