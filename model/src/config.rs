@@ -132,9 +132,10 @@ impl Qwen2Config {
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        let config: Qwen2Config = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let config: Qwen2Config = serde_path_to_error::deserialize(de).map_err(|e| ModelError::Json {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message: if e.path().iter().next().is_some() { format!("`{}`: {}", e.path(), e.inner()) } else { e.inner().to_string() },
         })?;
         config.validate().map_err(|message| ModelError::Config {
             path: path.to_path_buf(),

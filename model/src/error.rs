@@ -6,12 +6,12 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (shown in the message, not repeated as a cause).
+        error: std::io::Error,
     },
     /// A JSON file did not parse, or lacked a required field.
     #[error("{path}: {message}")]
@@ -100,6 +100,6 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io { path: path.into(), error: source }
     }
 }

@@ -2,8 +2,12 @@
 
 use clap::{Parser, Subcommand};
 
+mod backend;
 mod data;
 mod episode;
+mod generate;
+mod logits;
+mod quantize;
 mod repl;
 mod score;
 
@@ -17,6 +21,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write f32 logits [B, T, V] of given token ids to a safetensors file.
+    Logits(logits::LogitsArgs),
+    /// Generate from token ids or a chat prompt (greedy or sampled).
+    Generate(generate::GenerateArgs),
+    /// Write a bitsandbytes-format NF4 checkpoint from a dense one.
+    Quantize(quantize::QuantizeArgs),
     /// Score a trajectory against its task and print every reward component as JSON.
     Score(score::ScoreArgs),
     /// Export a split's tasks as JSONL, one serialized task per line.
@@ -39,6 +49,9 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Logits(args) => logits::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::Score(args) => score::run(args),
         Command::Data(args) => data::run(args),
         Command::Repl(args) => repl::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),

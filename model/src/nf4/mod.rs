@@ -2,6 +2,7 @@
 //! dequantize and multiply by them on every backend.
 
 pub mod cpu;
+pub mod export;
 pub mod format;
 pub mod ops;
 
