@@ -18,6 +18,7 @@ pub mod lora;
 pub mod nf4;
 pub mod peft;
 pub mod qwen2;
+pub mod save;
 pub mod tokenizer;
 
 pub use cache::KvCache;
@@ -33,3 +34,11 @@ pub use tokenizer::{ChatMessage, ChatRole, Tokenizer};
 
 /// The default CPU backend.
 pub type Cpu = burn::backend::NdArray;
+
+/// The wgpu backend (Vulkan, Metal, DX12), without burn's fusion layer so the NF4 kernel applies.
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+
+/// The CUDA backend, without burn's fusion layer so the NF4 kernel applies.
+#[cfg(feature = "cuda")]
+pub type Cuda = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;

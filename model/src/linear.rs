@@ -10,7 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::lora::Lora;
-use crate::nf4::format::{quantize_nf4, BLOCK};
+use crate::nf4::format::{quantize_nf4, BLOCK, NF4_CODE};
 use crate::nf4::{codes_bytes, codes_tensor, Nf4Backend};
 
 /// An NF4-quantized `[rows, cols]` weight kept packed on the device.
@@ -21,6 +21,8 @@ pub struct Nf4Weight<B: Backend> {
     /// One f32 scale per 64-element block of the flattened weight (double-quantized absmax is
     /// expanded to f32 at load time: 4 bytes per 64 weights).
     pub absmax: Tensor<B, 1>,
+    /// The 16-entry code table (`quant_map`; the NF4 values).
+    pub table: Tensor<B, 1>,
     /// Output features.
     pub rows: usize,
     /// Input features.
@@ -41,6 +43,7 @@ impl<B: Backend> Nf4Weight<B> {
         Self {
             codes: codes_tensor::<B>(packed, device),
             absmax: Tensor::from_floats(absmax, device),
+            table: Tensor::from_floats(NF4_CODE, device),
             rows,
             cols,
         }
@@ -58,6 +61,7 @@ impl<B: Nf4Backend> Nf4Weight<B> {
         let out = B::nf4_dequantize(
             self.codes.clone().into_primitive(),
             self.absmax.clone().into_primitive().tensor(),
+            self.table.clone().into_primitive().tensor(),
             self.rows,
             self.cols,
         );
@@ -133,6 +137,7 @@ impl<B: Nf4Backend> Linear<B> {
                 x.into_primitive().tensor(),
                 w.codes.clone().into_primitive(),
                 w.absmax.clone().into_primitive().tensor(),
+                w.table.clone().into_primitive().tensor(),
                 w.rows,
                 w.cols,
             ))),

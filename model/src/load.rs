@@ -102,12 +102,13 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
         Ok(Self { model, lm_head, config, rope_frequencies: Default::default() })
     }
 
-    /// A model with the given shape and random weights (normal, std 0.02, norms at 1, biases at
-    /// 0.02·normal), seeded; with `quantize_nf4` the projections are NF4. For tests and benchmarks.
+    /// A model with the given shape and random weights (weights and biases N(0, 0.02), norm
+    /// gains 1 + N(0, 0.02)), seeded; with `quantize_nf4` the projections are NF4. For tests
+    /// and benchmarks.
     pub fn random(config: Qwen2Config, seed: u64, quantize_nf4: bool, device: &B::Device) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         build(config, device, |len, kind| match kind {
-            Init::Norm => vec![1.0; len],
+            Init::Norm => normal(&mut rng, len, 0.02).into_iter().map(|v| 1.0 + v).collect(),
             Init::Weight | Init::Bias => normal(&mut rng, len, 0.02),
         }, quantize_nf4)
     }

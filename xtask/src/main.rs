@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod backend;
+mod bench;
 mod data;
 mod episode;
 mod generate;
@@ -27,6 +28,11 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Write a bitsandbytes-format NF4 checkpoint from a dense one.
     Quantize(quantize::QuantizeArgs),
+    /// Benchmarks (model throughput, one large forward pass, NF4 matmul) for comparison with peers.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Write a random-weight Qwen2 checkpoint of a named shape (for benchmarks against peers).
+    MakeModel(bench::MakeModelArgs),
     /// Score a trajectory against its task and print every reward component as JSON.
     Score(score::ScoreArgs),
     /// Export a split's tasks as JSONL, one serialized task per line.
@@ -52,6 +58,8 @@ fn main() -> anyhow::Result<()> {
         Command::Logits(args) => logits::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),
+        Command::Bench(command) => bench::run(command),
+        Command::MakeModel(args) => bench::make_model(args),
         Command::Score(args) => score::run(args),
         Command::Data(args) => data::run(args),
         Command::Repl(args) => repl::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),

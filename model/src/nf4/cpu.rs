@@ -8,30 +8,30 @@
 
 use rayon::prelude::*;
 
-use super::format::{BLOCK, NF4_CODE};
+use super::format::BLOCK;
 
-/// The NF4 value of element `e`.
+/// The code-table value of element `e`.
 #[inline(always)]
-fn code_at(words: &[u32], e: usize) -> f32 {
+fn code_at(words: &[u32], table: &[f32; 16], e: usize) -> f32 {
     let byte = (words[e / 8] >> (8 * ((e / 2) % 4))) & 0xff;
     let nibble = if e % 2 == 0 { byte >> 4 } else { byte & 0x0f };
-    NF4_CODE[nibble as usize]
+    table[nibble as usize]
 }
 
-/// The pair of NF4 values a byte holds, for every byte value.
-fn pair_table() -> [[f32; 2]; 256] {
+/// The pair of values a byte holds, for every byte value.
+fn pair_table(table: &[f32; 16]) -> [[f32; 2]; 256] {
     let mut t = [[0f32; 2]; 256];
     for (b, slot) in t.iter_mut().enumerate() {
-        *slot = [NF4_CODE[b >> 4], NF4_CODE[b & 0x0f]];
+        *slot = [table[b >> 4], table[b & 0x0f]];
     }
     t
 }
 
 /// Dequantizes `rows * cols` elements into `out` (`code * absmax`, row-major).
-pub fn dequantize_into(words: &[u32], absmax: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+pub fn dequantize_into(words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize, out: &mut [f32]) {
     let n = rows * cols;
     assert_eq!(out.len(), n, "output buffer has the wrong size");
-    let table = pair_table();
+    let pairs = pair_table(table);
     out.par_chunks_mut(BLOCK * 64).enumerate().for_each(|(chunk, dst)| {
         let start = chunk * BLOCK * 64;
         if start % 2 == 0 && dst.len() % 2 == 0 {
@@ -39,32 +39,32 @@ pub fn dequantize_into(words: &[u32], absmax: &[f32], rows: usize, cols: usize, 
                 let e = start + 2 * pair;
                 let byte = (words[e / 8] >> (8 * ((e / 2) % 4))) & 0xff;
                 let scale = absmax[e / BLOCK];
-                let [a, b] = table[byte as usize];
+                let [a, b] = pairs[byte as usize];
                 d[0] = a * scale;
                 d[1] = b * scale;
             }
         } else {
             for (i, d) in dst.iter_mut().enumerate() {
                 let e = start + i;
-                *d = code_at(words, e) * absmax[e / BLOCK];
+                *d = code_at(words, table, e) * absmax[e / BLOCK];
             }
         }
     });
 }
 
 /// Dequantizes into a new buffer.
-pub fn dequantize(words: &[u32], absmax: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub fn dequantize(words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize) -> Vec<f32> {
     let mut out = vec![0f32; rows * cols];
-    dequantize_into(words, absmax, rows, cols, &mut out);
+    dequantize_into(words, absmax, table, rows, cols, &mut out);
     out
 }
 
 /// `y = x · Wᵀ` with `x` `[m, cols]` and the NF4 weight `[rows, cols]`, without materialising
 /// the weight: each output row is a dot product over codes, with the block scale applied once
 /// per block. Returns `[m, rows]` row-major.
-pub fn linear(x: &[f32], m: usize, words: &[u32], absmax: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub fn linear(x: &[f32], m: usize, words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize) -> Vec<f32> {
     assert_eq!(x.len(), m * cols, "input has the wrong size");
-    let table = pair_table();
+    let pairs = pair_table(table);
     // out_t[r][i] = <x_i, W_r>; computed per weight row in parallel, transposed at the end.
     let mut out_t = vec![0f32; rows * m];
     out_t.par_chunks_mut(m).enumerate().for_each(|(r, dst)| {
@@ -88,7 +88,7 @@ pub fn linear(x: &[f32], m: usize, words: &[u32], absmax: &[f32], rows: usize, c
                         let w1 = words[(e + k) / 8 + 1];
                         for (j, word) in [w0, w1].into_iter().enumerate() {
                             for b in 0..4 {
-                                let [a0, a1] = table[((word >> (8 * b)) & 0xff) as usize];
+                                let [a0, a1] = pairs[((word >> (8 * b)) & 0xff) as usize];
                                 let base = c + k + j * 8 + 2 * b;
                                 acc[2 * b] += a0 * xi[base];
                                 acc[2 * b + 1] += a1 * xi[base + 1];
@@ -99,7 +99,7 @@ pub fn linear(x: &[f32], m: usize, words: &[u32], absmax: &[f32], rows: usize, c
                     partial = acc.iter().sum();
                 } else {
                     for k in 0..run {
-                        partial += code_at(words, e + k) * xi[c + k];
+                        partial += code_at(words, table, e + k) * xi[c + k];
                     }
                 }
                 total += partial * scale;
@@ -139,7 +139,7 @@ pub fn unpack_words(words: &[u32], len: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nf4::format::{dequantize_nf4, quantize_nf4};
+    use crate::nf4::format::{dequantize_nf4, quantize_nf4, NF4_CODE};
 
     fn weight(rows: usize, cols: usize) -> Vec<f32> {
         (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * (1.0 + (i / 64) as f32 * 0.01)).collect()
@@ -152,7 +152,7 @@ mod tests {
             let q = quantize_nf4(&w);
             let words = pack_words(&q.packed);
             assert_eq!(
-                dequantize(&words, &q.absmax, rows, cols),
+                dequantize(&words, &q.absmax, &NF4_CODE, rows, cols),
                 dequantize_nf4(&q.packed, &q.absmax, rows * cols),
                 "{rows}x{cols}"
             );
@@ -167,7 +167,7 @@ mod tests {
             let words = pack_words(&q.packed);
             let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
             let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0).collect();
-            let y = linear(&x, m, &words, &q.absmax, rows, cols);
+            let y = linear(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
             for i in 0..m {
                 for r in 0..rows {
                     let want: f32 = (0..cols).map(|c| x[i * cols + c] * dense[r * cols + c]).sum();

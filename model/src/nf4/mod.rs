@@ -4,6 +4,8 @@
 pub mod cpu;
 pub mod export;
 pub mod format;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod kernel;
 pub mod ops;
 
 pub use ops::{codes_bytes, codes_tensor, Nf4Backend};

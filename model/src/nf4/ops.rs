@@ -23,9 +23,15 @@ pub const CPU_FUSED_MAX_ROWS: usize = 8;
 
 /// A backend that can compute with NF4 weights.
 pub trait Nf4Backend: Backend {
-    /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block into a
-    /// `[rows, cols]` float tensor.
-    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self>;
+    /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block and the
+    /// 16-entry code `table` into a `[rows, cols]` float tensor (`table[code] * absmax`).
+    fn nf4_dequantize(
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self>;
 
     /// `x · Wᵀ` for `x` `[m, cols]` and the NF4 weight `W` `[rows, cols]`; returns `[m, rows]`.
     /// The default dequantizes into a temporary and uses the backend's matmul.
@@ -33,10 +39,11 @@ pub trait Nf4Backend: Backend {
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self> {
-        let w = Self::nf4_dequantize(codes, absmax, rows, cols);
+        let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
         Self::float_matmul(x, Self::float_transpose(w))
     }
 }
@@ -99,9 +106,25 @@ fn ndarray_float(values: Vec<f32>, shape: [usize; 2]) -> NdArrayTensor {
     NdArrayTensor::from_data(TensorData::new(values, shape))
 }
 
+/// The 16 values of a code-table tensor.
+fn table_values(table: &NdArrayTensor) -> [f32; 16] {
+    with_f32(table, |t| {
+        let mut out = [0f32; 16];
+        out.copy_from_slice(&t[..16]);
+        out
+    })
+}
+
 impl Nf4Backend for NdArray {
-    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self> {
-        let out = with_words(&codes, |words| with_f32(&absmax, |absmax| cpu::dequantize(words, absmax, rows, cols)));
+    fn nf4_dequantize(
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        let table = table_values(&table);
+        let out = with_words(&codes, |words| with_f32(&absmax, |absmax| cpu::dequantize(words, absmax, &table, rows, cols)));
         ndarray_float(out, [rows, cols])
     }
 
@@ -109,25 +132,34 @@ impl Nf4Backend for NdArray {
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self> {
         let m = burn::tensor::TensorMetadata::shape(&x)[0];
         if m > CPU_FUSED_MAX_ROWS {
-            let w = Self::nf4_dequantize(codes, absmax, rows, cols);
+            let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
             return Self::float_matmul(x, Self::float_transpose(w));
         }
+        let table = table_values(&table);
         let out = with_words(&codes, |words| {
-            with_f32(&absmax, |absmax| with_f32(&x, |xs| cpu::linear(xs, m, words, absmax, rows, cols)))
+            with_f32(&absmax, |absmax| with_f32(&x, |xs| cpu::linear(xs, m, words, absmax, &table, rows, cols)))
         });
         ndarray_float(out, [m, rows])
     }
 }
 
 impl<B: Nf4Backend, C: CheckpointStrategy> Nf4Backend for Autodiff<B, C> {
-    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self> {
+    fn nf4_dequantize(
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
         let absmax = <Self as AutodiffBackend>::inner(absmax);
-        <Self as AutodiffBackend>::from_inner(B::nf4_dequantize(codes, absmax, rows, cols))
+        let table = <Self as AutodiffBackend>::inner(table);
+        <Self as AutodiffBackend>::from_inner(B::nf4_dequantize(codes, absmax, table, rows, cols))
     }
 }
 
@@ -145,8 +177,15 @@ mod tests {
         let codes = codes_tensor::<NdArray>(&q.packed, &device);
         assert_eq!(codes_bytes(&codes, q.packed.len()), q.packed);
         let absmax = Tensor::<NdArray, 1>::from_floats(q.absmax.as_slice(), &device);
+        let table = Tensor::<NdArray, 1>::from_floats(crate::nf4::format::NF4_CODE, &device);
         let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
-        let got = NdArray::nf4_dequantize(codes.clone().into_primitive(), absmax.clone().into_primitive().tensor(), rows, cols);
+        let got = NdArray::nf4_dequantize(
+            codes.clone().into_primitive(),
+            absmax.clone().into_primitive().tensor(),
+            table.clone().into_primitive().tensor(),
+            rows,
+            cols,
+        );
         let got = Tensor::<NdArray, 2>::from_primitive(TensorPrimitive::Float(got)).into_data().to_vec::<f32>().unwrap();
         assert_eq!(got, dense);
         let wt = Tensor::<NdArray, 2>::from_data(TensorData::new(dense, [rows, cols]), &device);
@@ -157,6 +196,7 @@ mod tests {
                 x.into_primitive().tensor(),
                 codes.clone().into_primitive(),
                 absmax.clone().into_primitive().tensor(),
+                table.clone().into_primitive().tensor(),
                 rows,
                 cols,
             );
