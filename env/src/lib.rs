@@ -14,6 +14,17 @@
 //!   the trainer implements (`SubLm`, `Policy`, `TokenCounter`).
 //! - [`tasks`]: the five task families and the fixed splits.
 //! - [`expert`]: the scripted expert policy and its passage-reading sub-LM.
+//! - `server` (feature `server`, on by default): the environment as an OpenEnv-compatible
+//!   HTTP/WebSocket server (axum).
+//! - `client` (feature `client`, on by default): `RemoteEnv`, an [`env::Environment`] whose
+//!   episodes run on such servers, over a pool of URLs.
+//! - `wire` (either feature): the protocol types both share.
+//!
+//! # Features
+//!
+//! `server` brings axum, tokio and utoipa; `client` brings only a blocking WebSocket client
+//! (tungstenite). A user of the in-process environment alone can depend on the crate with
+//! `default-features = false`; the trainer needs `client`.
 //!
 //! # What the sandbox covers, and what it does not
 //!
@@ -66,6 +77,8 @@
 //! See [`sandbox`] for how the worker process is started (`fathom-sandbox`, or any binary
 //! calling [`sandbox::run_worker_if_requested`] first in `main`, as xtask does).
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod env;
 pub mod expert;
 pub mod parse;
@@ -73,6 +86,10 @@ pub mod policy;
 pub mod prompt;
 pub mod recursion;
 pub mod sandbox;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod sublm;
 pub mod tasks;
 pub mod tokens;
+#[cfg(feature = "wire")]
+pub mod wire;
