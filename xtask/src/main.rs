@@ -11,6 +11,7 @@ mod logits;
 mod quantize;
 mod repl;
 mod score;
+mod serve;
 
 /// Fathom: teach a small language model to work as a Recursive Language Model.
 #[derive(Parser)]
@@ -41,6 +42,8 @@ enum Command {
     Repl(repl::ReplArgs),
     /// Run one episode of a split's task with a policy and print the trajectory.
     Episode(episode::EpisodeArgs),
+    /// Serve the environment over HTTP and WebSocket, as an OpenEnv environment server.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,5 +67,6 @@ fn main() -> anyhow::Result<()> {
         Command::Data(args) => data::run(args),
         Command::Repl(args) => repl::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
         Command::Episode(args) => episode::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
+        Command::Serve(args) => serve::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
     }
 }
