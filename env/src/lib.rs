@@ -6,7 +6,7 @@
 //!
 //! - [`sandbox`]: worker processes embedding CPython through PyO3, hardened with seccomp and
 //!   rlimits, pooled, talking to the parent over a typed pipe protocol.
-//! - [`env`]: the [`env::Environment`] trait (reset / step, stepped by the caller) and
+//! - [`env`](mod@env): the [`env::Environment`] trait (reset / step, stepped by the caller) and
 //!   [`env::ReplEnv`], which produces the [`fathom_rewards::record::Trajectory`] rewards score.
 //! - [`parse`], [`prompt`]: the model-facing protocol (fenced code, `<answer>` tags) and the
 //!   texts the model reads.

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::episode::EnvSession;
@@ -139,13 +139,16 @@ impl Registry {
     }
 
     /// Removes HTTP sessions without an attached WebSocket that have been idle longer than
-    /// `idle`.
+    /// `idle` (a session in the middle of a step is not idle).
     pub fn reap(&self, idle: Duration) -> Vec<Arc<SessionCell>> {
         let mut sessions = lock(&self.sessions);
         let stale: Vec<String> = sessions
             .values()
             .filter(|c| {
-                c.kind == Kind::Http && !c.attached.load(Ordering::SeqCst) && c.idle_for() > idle
+                c.kind == Kind::Http
+                    && !c.attached.load(Ordering::SeqCst)
+                    && c.idle_for() > idle
+                    && !matches!(c.env.try_lock(), Err(TryLockError::WouldBlock))
             })
             .map(|c| c.id.clone())
             .collect();

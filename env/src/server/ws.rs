@@ -107,25 +107,43 @@ async fn run(socket: WebSocket, app: Arc<App>, query: Result<WsQuery, WsError>) 
         }
     };
     tracing::info!(session = %cell.id, "WebSocket session open");
+    let _session = Owned {
+        app: Arc::clone(&conn.app),
+        cell: Arc::clone(&cell),
+    };
     conn.serve(&cell).await;
     conn.close().await;
-    match cell.kind {
-        Kind::Socket => {
-            if let Some(cell) = conn.app.registry.close(&cell.id) {
-                // The last reference may be a step still running; it drops the env then.
-                tokio::task::spawn_blocking(move || drop(cell));
+}
+
+/// Ends (or detaches from) the connection's session when the connection task ends, however
+/// it ends, so a session is never left counted against the limit.
+struct Owned {
+    app: Arc<App>,
+    cell: Arc<SessionCell>,
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let cell = &self.cell;
+        let close = match cell.kind {
+            Kind::Socket => true,
+            Kind::Http => {
+                cell.attached.store(false, Ordering::SeqCst);
+                cell.pending_close.load(Ordering::SeqCst)
+            }
+        };
+        if close && let Some(ended) = self.app.registry.close(&cell.id) {
+            // Ending the env kills its worker; off the async threads. A step still running
+            // holds another reference and ends it when it returns.
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn_blocking(move || drop(ended));
+                }
+                Err(_) => drop(ended),
             }
         }
-        Kind::Http => {
-            cell.attached.store(false, Ordering::SeqCst);
-            if cell.pending_close.load(Ordering::SeqCst)
-                && let Some(cell) = conn.app.registry.close(&cell.id)
-            {
-                tokio::task::spawn_blocking(move || drop(cell));
-            }
-        }
+        tracing::info!(session = %cell.id, "WebSocket session closed");
     }
-    tracing::info!(session = %cell.id, "WebSocket session closed");
 }
 
 struct Conn {

@@ -26,7 +26,7 @@ pub const REQUIREMENTS: &str = include_str!("requirements.txt");
 
 /// The interpreter to run the driver with.
 pub fn interpreter() -> PathBuf {
-    if let Some(python) = std::env::var_os("FATHOM_OPENENV_PYTHON") {
+    if let Some(python) = std::env::var_os("FATHOM_OPENENV_PYTHON").filter(|v| !v.is_empty()) {
         let python = PathBuf::from(python);
         check_openenv(&python)
             .unwrap_or_else(|e| panic!("FATHOM_OPENENV_PYTHON={}: {e}", python.display()));
@@ -68,7 +68,10 @@ fn target_dir() -> PathBuf {
 
 /// Builds the venv in a temporary directory and renames it to `venv`.
 fn build(venv: &Path) {
-    let base = std::env::var("FATHOM_PYTHON").unwrap_or_else(|_| "python3".into());
+    let base = std::env::var("FATHOM_PYTHON")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "python3".into());
     let tmp = venv.with_extension(format!("tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let _ = std::fs::remove_dir_all(venv);
