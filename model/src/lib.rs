@@ -32,8 +32,17 @@ pub use lora::{LoraSettings, Target};
 pub use qwen2::Qwen2ForCausalLM;
 pub use tokenizer::{ChatMessage, ChatRole, Tokenizer};
 
-/// The default CPU backend.
-pub type Cpu = burn::backend::NdArray;
+/// The default CPU backend: burn's Flex (the fastest CPU backend of burn 0.21 on this model;
+/// see `docs/benchmarks.md`).
+pub type Cpu = burn::backend::Flex;
+
+/// burn's ndarray CPU backend (measured against the default; `ndarray` feature).
+#[cfg(feature = "ndarray")]
+pub type NdArray = burn::backend::NdArray;
+
+/// burn's Candle CPU backend (measured against the default; `candle` feature).
+#[cfg(feature = "candle")]
+pub type Candle = burn::backend::Candle;
 
 /// The wgpu backend (Vulkan, Metal, DX12), without burn's fusion layer so the NF4 kernel applies.
 #[cfg(feature = "wgpu")]

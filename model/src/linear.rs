@@ -130,9 +130,12 @@ impl<B: Nf4Backend> Linear<B> {
     }
 
     /// `x · Wᵀ` through the base alone, for `x` `[m, in_features]`.
+    ///
+    /// Computed as `(W · xᵀ)ᵀ`: the weight stays in its stored row-major layout and only the
+    /// activation is transposed, so no backend ever copies a transposed weight.
     pub fn base_forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.weight {
-            BaseWeight::Dense(w) => x.matmul(w.clone().transpose()),
+            BaseWeight::Dense(w) => w.clone().matmul(x.transpose()).transpose(),
             BaseWeight::Nf4(w) => Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
                 x.into_primitive().tensor(),
                 w.codes.clone().into_primitive(),
@@ -164,10 +167,10 @@ impl<B: Nf4Backend> Linear<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::backend::NdArray;
+    use crate::Cpu;
     use burn::tensor::{Distribution, TensorData};
 
-    type B = NdArray;
+    type B = Cpu;
 
     #[test]
     fn nf4_and_dense_bases_agree_after_dequantization() {

@@ -183,9 +183,14 @@ impl<B: Nf4Backend> Qwen2ForCausalLM<B> {
             None => {
                 let [batch, seq, width] = hidden.dims();
                 let vocab = self.config.vocab_size;
-                hidden
-                    .reshape([batch * seq, width])
-                    .matmul(self.model.embed_tokens.weight.clone().transpose())
+                // (E · hᵀ)ᵀ keeps the [vocab, hidden] embedding in its stored layout.
+                let flat = hidden.reshape([batch * seq, width]);
+                self.model
+                    .embed_tokens
+                    .weight
+                    .clone()
+                    .matmul(flat.transpose())
+                    .transpose()
                     .reshape([batch, seq, vocab])
             }
         }

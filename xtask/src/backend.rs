@@ -11,7 +11,7 @@ use fathom_model::{LoadOptions, Qwen2ForCausalLM, RopeFrequencies};
 /// A compute backend compiled into this binary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
-    /// The CPU (default).
+    /// The CPU (default; burn's Flex backend).
     Cpu,
     /// wgpu (Vulkan, Metal, DX12; built with `--features wgpu`).
     #[cfg(feature = "wgpu")]
@@ -19,6 +19,12 @@ pub enum BackendKind {
     /// CUDA (built with `--features cuda`).
     #[cfg(feature = "cuda")]
     Cuda,
+    /// burn's ndarray CPU backend (built with `--features ndarray`; for benchmarks).
+    #[cfg(feature = "ndarray")]
+    Ndarray,
+    /// burn's Candle CPU backend (built with `--features candle`; for benchmarks).
+    #[cfg(feature = "candle")]
+    Candle,
 }
 
 /// Quantization applied to dense weights while loading.
@@ -105,6 +111,18 @@ macro_rules! with_backend {
             #[cfg(feature = "cuda")]
             $crate::backend::BackendKind::Cuda => {
                 type $b = fathom_model::Cuda;
+                let $device: burn::tensor::Device<$b> = Default::default();
+                $body
+            }
+            #[cfg(feature = "ndarray")]
+            $crate::backend::BackendKind::Ndarray => {
+                type $b = fathom_model::NdArray;
+                let $device: burn::tensor::Device<$b> = Default::default();
+                $body
+            }
+            #[cfg(feature = "candle")]
+            $crate::backend::BackendKind::Candle => {
+                type $b = fathom_model::Candle;
                 let $device: burn::tensor::Device<$b> = Default::default();
                 $body
             }

@@ -269,7 +269,7 @@ fn nf4_bench<B: Nf4Backend>(args: &Nf4Bench, device: &B::Device) -> Result<()> {
             t.into_data().to_vec().expect("f32")
         };
         let nf4 = fathom_model::linear::Nf4Weight::<B>::quantize(&weight, rows, cols, device);
-        let dense = Tensor::<B, 2>::from_data(TensorData::new(weight, [rows, cols]), device);
+        let dense = fathom_model::Linear::dense(Tensor::<B, 2>::from_data(TensorData::new(weight, [rows, cols]), device), None);
         for &m in &args.rows {
             let inputs: Vec<Tensor<B, 2>> =
                 (0..=args.iters).map(|_| Tensor::random([m, cols], Distribution::Default, device)).collect();
@@ -285,7 +285,7 @@ fn nf4_bench<B: Nf4Backend>(args: &Nf4Bench, device: &B::Device) -> Result<()> {
                     .collect();
                 median(ts)
             };
-            let dense_s = time(&|x| x.matmul(dense.clone().transpose()));
+            let dense_s = time(&|x| dense.base_forward(x));
             let nf4_s = time(&|x| {
                 Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
                     x.into_primitive().tensor(),
@@ -296,7 +296,7 @@ fn nf4_bench<B: Nf4Backend>(args: &Nf4Bench, device: &B::Device) -> Result<()> {
                     cols,
                 )))
             });
-            let dequant_s = time(&|x| x.matmul(nf4.dequantize().transpose()));
+            let dequant_s = time(&|x| nf4.dequantize().matmul(x.transpose()).transpose());
             let flops = 2.0 * (m * rows * cols) as f64;
             results.push(json!({
                 "projection": name, "rows": rows, "cols": cols, "m": m,

@@ -27,27 +27,42 @@ fn pair_table(table: &[f32; 16]) -> [[f32; 2]; 256] {
     t
 }
 
+/// Writes the 64 scaled values of a whole, word-aligned block starting at element `e`.
+#[inline(always)]
+fn decode_block(words: &[u32], pairs: &[[f32; 2]; 256], scale: f32, e: usize, out: &mut [f32]) {
+    let w0 = e / 8;
+    for (k, chunk) in out.chunks_exact_mut(8).enumerate() {
+        let word = words[w0 + k];
+        for b in 0..4 {
+            let [even, odd] = pairs[((word >> (8 * b)) & 0xff) as usize];
+            chunk[2 * b] = even * scale;
+            chunk[2 * b + 1] = odd * scale;
+        }
+    }
+}
+
+/// Writes the scaled values of elements `e .. e + out.len()` (any alignment).
+#[inline(always)]
+fn decode_run(words: &[u32], table: &[f32; 16], pairs: &[[f32; 2]; 256], absmax: &[f32], e: usize, out: &mut [f32]) {
+    if e % BLOCK == 0 && out.len() == BLOCK {
+        decode_block(words, pairs, absmax[e / BLOCK], e, out);
+    } else {
+        for (i, d) in out.iter_mut().enumerate() {
+            *d = code_at(words, table, e + i) * absmax[(e + i) / BLOCK];
+        }
+    }
+}
+
 /// Dequantizes `rows * cols` elements into `out` (`code * absmax`, row-major).
 pub fn dequantize_into(words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize, out: &mut [f32]) {
     let n = rows * cols;
     assert_eq!(out.len(), n, "output buffer has the wrong size");
     let pairs = pair_table(table);
-    out.par_chunks_mut(BLOCK * 64).enumerate().for_each(|(chunk, dst)| {
-        let start = chunk * BLOCK * 64;
-        if start % 2 == 0 && dst.len() % 2 == 0 {
-            for (pair, d) in dst.chunks_exact_mut(2).enumerate() {
-                let e = start + 2 * pair;
-                let byte = (words[e / 8] >> (8 * ((e / 2) % 4))) & 0xff;
-                let scale = absmax[e / BLOCK];
-                let [a, b] = pairs[byte as usize];
-                d[0] = a * scale;
-                d[1] = b * scale;
-            }
-        } else {
-            for (i, d) in dst.iter_mut().enumerate() {
-                let e = start + i;
-                *d = code_at(words, table, e) * absmax[e / BLOCK];
-            }
+    // Chunks of whole blocks, so every run starts block- and word-aligned.
+    out.par_chunks_mut(BLOCK * 256).enumerate().for_each(|(chunk, dst)| {
+        let start = chunk * BLOCK * 256;
+        for (i, blk) in dst.chunks_mut(BLOCK).enumerate() {
+            decode_run(words, table, &pairs, absmax, start + i * BLOCK, blk);
         }
     });
 }
@@ -59,55 +74,48 @@ pub fn dequantize(words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize,
     out
 }
 
+/// Dot product with eight independent accumulators (vectorises).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, ar) = a.split_at(a.len() / 8 * 8);
+    let (bc, br) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let mut total: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        total += x * y;
+    }
+    total
+}
+
 /// `y = x · Wᵀ` with `x` `[m, cols]` and the NF4 weight `[rows, cols]`, without materialising
-/// the weight: each output row is a dot product over codes, with the block scale applied once
-/// per block. Returns `[m, rows]` row-major.
+/// the weight: each block of a weight row is decoded once into a 64-value buffer and dotted with
+/// every input row. Returns `[m, rows]` row-major.
 pub fn linear(x: &[f32], m: usize, words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize) -> Vec<f32> {
     assert_eq!(x.len(), m * cols, "input has the wrong size");
     let pairs = pair_table(table);
-    // out_t[r][i] = <x_i, W_r>; computed per weight row in parallel, transposed at the end.
+    // out_t[r][i] = <x_i, W_r>; one weight row per task, transposed at the end.
     let mut out_t = vec![0f32; rows * m];
     out_t.par_chunks_mut(m).enumerate().for_each(|(r, dst)| {
-        let mut acc = [0f32; 8];
-        for (i, slot) in dst.iter_mut().enumerate() {
-            let xi = &x[i * cols..(i + 1) * cols];
-            let mut total = 0f32;
-            let mut c = 0;
-            while c < cols {
-                let e = r * cols + c;
-                let block_end = ((e / BLOCK) + 1) * BLOCK;
-                let run = (block_end - e).min(cols - c);
-                let scale = absmax[e / BLOCK];
-                let mut partial = 0f32;
-                if e % 8 == 0 && run % 16 == 0 {
-                    // 16 elements = 8 bytes = 2 words per iteration, 8 accumulators.
-                    acc.fill(0.0);
-                    let mut k = 0;
-                    while k < run {
-                        let w0 = words[(e + k) / 8];
-                        let w1 = words[(e + k) / 8 + 1];
-                        for (j, word) in [w0, w1].into_iter().enumerate() {
-                            for b in 0..4 {
-                                let [a0, a1] = pairs[((word >> (8 * b)) & 0xff) as usize];
-                                let base = c + k + j * 8 + 2 * b;
-                                acc[2 * b] += a0 * xi[base];
-                                acc[2 * b + 1] += a1 * xi[base + 1];
-                            }
-                        }
-                        k += 16;
-                    }
-                    partial = acc.iter().sum();
-                } else {
-                    for k in 0..run {
-                        partial += code_at(words, table, e + k) * xi[c + k];
-                    }
-                }
-                total += partial * scale;
-                c += run;
+        let mut buf = [0f32; BLOCK];
+        let mut c = 0;
+        while c < cols {
+            let e = r * cols + c;
+            let run = (((e / BLOCK) + 1) * BLOCK - e).min(cols - c);
+            decode_run(words, table, &pairs, absmax, e, &mut buf[..run]);
+            for (i, slot) in dst.iter_mut().enumerate() {
+                *slot += dot(&buf[..run], &x[i * cols + c..i * cols + c + run]);
             }
-            *slot = total;
+            c += run;
         }
     });
+    if m == 1 {
+        return out_t;
+    }
     let mut out = vec![0f32; m * rows];
     for r in 0..rows {
         for i in 0..m {

@@ -7,5 +7,7 @@ pub mod format;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod kernel;
 pub mod ops;
+#[cfg(any(feature = "ndarray", feature = "candle"))]
+mod other_cpu;
 
 pub use ops::{codes_bytes, codes_tensor, Nf4Backend};

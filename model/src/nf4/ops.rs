@@ -1,5 +1,5 @@
 //! The NF4 backend extension: dequantize packed codes and multiply by an NF4 weight, implemented
-//! per backend — plain Rust on the CPU (`NdArray`), a CubeCL kernel on wgpu and CUDA (see
+//! per backend — plain Rust on the CPU (`Flex`, the default CPU backend), a CubeCL kernel on wgpu and CUDA (see
 //! `kernel.rs`), and for `Autodiff<B>` by delegating to `B` (the base is frozen, so only the
 //! input receives a gradient, through an ordinary matmul).
 //!
@@ -8,8 +8,8 @@
 //! weight on the host and on the device alike.
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::ndarray::NdArrayTensor;
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
@@ -34,7 +34,8 @@ pub trait Nf4Backend: Backend {
     ) -> FloatTensor<Self>;
 
     /// `x · Wᵀ` for `x` `[m, cols]` and the NF4 weight `W` `[rows, cols]`; returns `[m, rows]`.
-    /// The default dequantizes into a temporary and uses the backend's matmul.
+    /// The default dequantizes into a temporary and uses the backend's matmul as `(W · xᵀ)ᵀ`,
+    /// so the temporary is read in its row-major layout.
     fn nf4_linear(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,
@@ -44,7 +45,7 @@ pub trait Nf4Backend: Backend {
         cols: usize,
     ) -> FloatTensor<Self> {
         let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
-        Self::float_matmul(x, Self::float_transpose(w))
+        Self::float_transpose(Self::float_matmul(w, Self::float_transpose(x)))
     }
 }
 
@@ -66,48 +67,38 @@ pub fn codes_bytes<B: Backend>(codes: &Tensor<B, 1, Int>, len: usize) -> Vec<u8>
     cpu::unpack_words(&words, len)
 }
 
-/// Runs `f` on the `u32` words of an NdArray code tensor without copying when possible.
-fn with_words<R>(codes: &NdArrayTensor, f: impl FnOnce(&[u32]) -> R) -> R {
-    match codes {
-        NdArrayTensor::U32(storage) => {
-            let view = storage.view();
-            match view.to_slice() {
-                Some(words) => f(words),
-                None => f(&view.iter().copied().collect::<Vec<u32>>()),
-            }
-        }
-        other => {
+/// Runs `f` on the `u32` words of a Flex code tensor, without copying when it is contiguous.
+fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
+    match codes.as_slice::<u32>() {
+        Some(words) => f(words),
+        None if codes.dtype() == DType::U32 => f(codes.to_contiguous().as_slice::<u32>().expect("contiguous")),
+        None => {
             // Codes uploaded through a path that widened them: recover the bit patterns.
-            let data = Tensor::<NdArray, 1, Int>::from_primitive(other.clone()).into_data();
+            let data = Tensor::<Flex, 1, Int>::from_primitive(codes.clone()).into_data();
             let words: Vec<u32> = data.iter::<i64>().map(|v| v as u32).collect();
             f(&words)
         }
     }
 }
 
-/// Runs `f` on the f32 values of an NdArray float tensor, row-major.
-fn with_f32<R>(tensor: &NdArrayTensor, f: impl FnOnce(&[f32]) -> R) -> R {
-    match tensor {
-        NdArrayTensor::F32(storage) => {
-            let view = storage.view();
-            match view.to_slice() {
-                Some(values) => f(values),
-                None => f(&view.iter().copied().collect::<Vec<f32>>()),
-            }
-        }
-        other => {
-            let data = Tensor::<NdArray, 1>::from_primitive(TensorPrimitive::Float(other.clone())).into_data();
+/// Runs `f` on the f32 values of a Flex float tensor, row-major.
+fn with_f32<R>(tensor: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
+    match tensor.as_slice::<f32>() {
+        Some(values) => f(values),
+        None if tensor.dtype() == DType::F32 => f(tensor.to_contiguous().as_slice::<f32>().expect("contiguous")),
+        None => {
+            let data = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(tensor.clone())).into_data();
             f(&data.iter::<f32>().collect::<Vec<f32>>())
         }
     }
 }
 
-fn ndarray_float(values: Vec<f32>, shape: [usize; 2]) -> NdArrayTensor {
-    NdArrayTensor::from_data(TensorData::new(values, shape))
+fn flex_float(values: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
 }
 
 /// The 16 values of a code-table tensor.
-fn table_values(table: &NdArrayTensor) -> [f32; 16] {
+fn table_values(table: &FlexTensor) -> [f32; 16] {
     with_f32(table, |t| {
         let mut out = [0f32; 16];
         out.copy_from_slice(&t[..16]);
@@ -115,7 +106,7 @@ fn table_values(table: &NdArrayTensor) -> [f32; 16] {
     })
 }
 
-impl Nf4Backend for NdArray {
+impl Nf4Backend for Flex {
     fn nf4_dequantize(
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
@@ -125,7 +116,7 @@ impl Nf4Backend for NdArray {
     ) -> FloatTensor<Self> {
         let table = table_values(&table);
         let out = with_words(&codes, |words| with_f32(&absmax, |absmax| cpu::dequantize(words, absmax, &table, rows, cols)));
-        ndarray_float(out, [rows, cols])
+        flex_float(out, [rows, cols])
     }
 
     fn nf4_linear(
@@ -139,13 +130,13 @@ impl Nf4Backend for NdArray {
         let m = burn::tensor::TensorMetadata::shape(&x)[0];
         if m > CPU_FUSED_MAX_ROWS {
             let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
-            return Self::float_matmul(x, Self::float_transpose(w));
+            return Self::float_transpose(Self::float_matmul(w, Self::float_transpose(x)));
         }
         let table = table_values(&table);
         let out = with_words(&codes, |words| {
             with_f32(&absmax, |absmax| with_f32(&x, |xs| cpu::linear(xs, m, words, absmax, &table, rows, cols)))
         });
-        ndarray_float(out, [m, rows])
+        flex_float(out, [m, rows])
     }
 }
 
@@ -169,30 +160,30 @@ mod tests {
     use crate::nf4::format::{dequantize_nf4, quantize_nf4};
 
     #[test]
-    fn ndarray_ops_match_the_format() {
+    fn cpu_ops_match_the_format() {
         let (rows, cols) = (24, 96);
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 70.0).collect();
         let q = quantize_nf4(&w);
         let device = Default::default();
-        let codes = codes_tensor::<NdArray>(&q.packed, &device);
+        let codes = codes_tensor::<Flex>(&q.packed, &device);
         assert_eq!(codes_bytes(&codes, q.packed.len()), q.packed);
-        let absmax = Tensor::<NdArray, 1>::from_floats(q.absmax.as_slice(), &device);
-        let table = Tensor::<NdArray, 1>::from_floats(crate::nf4::format::NF4_CODE, &device);
+        let absmax = Tensor::<Flex, 1>::from_floats(q.absmax.as_slice(), &device);
+        let table = Tensor::<Flex, 1>::from_floats(crate::nf4::format::NF4_CODE, &device);
         let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
-        let got = NdArray::nf4_dequantize(
+        let got = Flex::nf4_dequantize(
             codes.clone().into_primitive(),
             absmax.clone().into_primitive().tensor(),
             table.clone().into_primitive().tensor(),
             rows,
             cols,
         );
-        let got = Tensor::<NdArray, 2>::from_primitive(TensorPrimitive::Float(got)).into_data().to_vec::<f32>().unwrap();
+        let got = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(got)).into_data().to_vec::<f32>().unwrap();
         assert_eq!(got, dense);
-        let wt = Tensor::<NdArray, 2>::from_data(TensorData::new(dense, [rows, cols]), &device);
+        let wt = Tensor::<Flex, 2>::from_data(TensorData::new(dense, [rows, cols]), &device);
         for m in [1, 3, CPU_FUSED_MAX_ROWS + 5] {
-            let x = Tensor::<NdArray, 2>::random([m, cols], burn::tensor::Distribution::Default, &device);
+            let x = Tensor::<Flex, 2>::random([m, cols], burn::tensor::Distribution::Default, &device);
             let want = x.clone().matmul(wt.clone().transpose());
-            let got = NdArray::nf4_linear(
+            let got = Flex::nf4_linear(
                 x.into_primitive().tensor(),
                 codes.clone().into_primitive(),
                 absmax.clone().into_primitive().tensor(),
@@ -200,7 +191,7 @@ mod tests {
                 rows,
                 cols,
             );
-            let got = Tensor::<NdArray, 2>::from_primitive(TensorPrimitive::Float(got));
+            let got = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(got));
             let diff = (got - want).abs().max().into_scalar();
             assert!(diff < 1e-4, "m={m}: max diff {diff}");
         }
