@@ -57,12 +57,20 @@ pub fn positions_from_mask(mask: &[u8]) -> Vec<i64> {
 pub struct StepInput<B: Backend> {
     /// Token ids of this step, `[batch, seq]`.
     pub input_ids: Tensor<B, 2, Int>,
-    /// RoPE cosines, `[batch, 1, seq, head_dim]`.
-    pub cos: Tensor<B, 4>,
-    /// RoPE sines, `[batch, 1, seq, head_dim]`.
-    pub sin: Tensor<B, 4>,
-    /// Additive attention bias, `[batch, 1, seq, cached + seq]`: 0 where a query may attend,
+    /// RoPE cosines for the query heads, `[batch, heads, seq, head_dim]`.
+    pub cos_q: Tensor<B, 4>,
+    /// RoPE sines for the query heads, `[batch, heads, seq, head_dim]`.
+    pub sin_q: Tensor<B, 4>,
+    /// RoPE cosines for the key heads, `[batch, kv_heads, seq, head_dim]`.
+    pub cos_k: Tensor<B, 4>,
+    /// RoPE sines for the key heads, `[batch, kv_heads, seq, head_dim]`.
+    pub sin_k: Tensor<B, 4>,
+    /// Additive attention bias, `[batch, heads, seq, cached + seq]`: 0 where a query may attend,
     /// the most negative f32 where it may not (a fully masked padding row stays finite).
+    ///
+    /// The tables are repeated per head on the host rather than broadcast on the device:
+    /// broadcasting elementwise operations are an order of magnitude slower than same-shape
+    /// ones on burn's CPU backends, and the repeated tables are no larger than the scores.
     pub mask: Tensor<B, 4>,
 }
 
@@ -105,6 +113,8 @@ impl<B: Backend> StepInput<B> {
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| rope.round(1.0 / (config.rope_base() as f32).powf((2 * i) as f32 / head_dim as f32)))
             .collect();
+        let (heads, kv_heads) = (config.num_attention_heads, config.num_kv_heads());
+        // One row's tables, then repeated per head.
         let mut cos = Vec::with_capacity(batch * seq * head_dim);
         let mut sin = Vec::with_capacity(batch * seq * head_dim);
         let mut bias = Vec::with_capacity(batch * seq * total);
@@ -121,24 +131,47 @@ impl<B: Backend> StepInput<B> {
                 bias.extend((0..total).map(|k| if k <= query && m[k] != 0 { 0.0 } else { f32::MIN }));
             }
         }
+        let per_head = |values: &[f32], n: usize, width: usize| -> Vec<f32> {
+            let row = seq * width;
+            let mut out = Vec::with_capacity(batch * n * row);
+            for b in 0..batch {
+                for _ in 0..n {
+                    out.extend_from_slice(&values[b * row..(b + 1) * row]);
+                }
+            }
+            out
+        };
+        let table = |values: Vec<f32>, n: usize, width: usize| Tensor::from_data(TensorData::new(values, [batch, n, seq, width]), device);
         let ids: Vec<i64> = ids.iter().flatten().map(|&t| t as i64).collect();
         Ok(Self {
             input_ids: Tensor::from_data(TensorData::new(ids, [batch, seq]), device),
-            cos: Tensor::from_data(TensorData::new(cos, [batch, 1, seq, head_dim]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [batch, 1, seq, head_dim]), device),
-            mask: Tensor::from_data(TensorData::new(bias, [batch, 1, seq, total]), device),
+            cos_q: table(per_head(&cos, heads, head_dim), heads, head_dim),
+            sin_q: table(per_head(&sin, heads, head_dim), heads, head_dim),
+            cos_k: table(per_head(&cos, kv_heads, head_dim), kv_heads, head_dim),
+            sin_k: table(per_head(&sin, kv_heads, head_dim), kv_heads, head_dim),
+            mask: table(per_head(&bias, heads, total), heads, total),
         })
     }
 
-    /// Applies the rotary embedding to `x` `[batch, heads, seq, head_dim]`.
-    pub fn rotate(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [b, h, s, d] = x.dims();
-        let half = d / 2;
-        let x1 = x.clone().slice([0..b, 0..h, 0..s, 0..half]);
-        let x2 = x.clone().slice([0..b, 0..h, 0..s, half..d]);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x * self.cos.clone() + rotated * self.sin.clone()
+    /// Applies the rotary embedding to queries `[batch, heads, seq, head_dim]`.
+    pub fn rotate_q(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        rotate(x, &self.cos_q, &self.sin_q)
     }
+
+    /// Applies the rotary embedding to keys `[batch, kv_heads, seq, head_dim]`.
+    pub fn rotate_k(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        rotate(x, &self.cos_k, &self.sin_k)
+    }
+}
+
+/// `x · cos + rotate_half(x) · sin`, with `rotate_half(x) = [-x₂, x₁]`.
+fn rotate<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let [b, h, s, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..h, 0..s, 0..half]);
+    let x2 = x.clone().slice([0..b, 0..h, 0..s, half..d]);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
 }
 
 #[cfg(test)]

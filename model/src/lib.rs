@@ -6,6 +6,7 @@
 //! with the `wgpu` and `cuda` features. Every backend implements [`nf4::Nf4Backend`], the one
 //! extension the model needs beyond burn's own operations.
 
+pub mod bench;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;

@@ -72,8 +72,8 @@ impl<B: Nf4Backend> Attention<B> {
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let rep = h / kvh;
         let heads = |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq, n, d]).swap_dims(1, 2);
-        let q = input.rotate(heads(self.q_proj.forward(x.clone()), h));
-        let k = input.rotate(heads(self.k_proj.forward(x.clone()), kvh));
+        let q = input.rotate_q(heads(self.q_proj.forward(x.clone()), h));
+        let k = input.rotate_k(heads(self.k_proj.forward(x.clone()), kvh));
         let v = heads(self.v_proj.forward(x), kvh);
         let (k, v) = match cache {
             Some(cache) => cache.append(layer, k, v),
@@ -83,8 +83,9 @@ impl<B: Nf4Backend> Attention<B> {
         // [batch, kv_heads, rep · seq, d]: query heads sharing a key/value head, side by side.
         let q = q.reshape([batch, kvh, rep * seq, d]);
         let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(1.0 / (d as f64).sqrt());
-        let scores = scores.reshape([batch, kvh, rep, seq, total]) + input.mask.clone().unsqueeze_dim::<5>(1);
-        let probs = softmax(scores, 4).reshape([batch, kvh, rep * seq, total]);
+        // [batch, kv_heads, rep · seq, total] is [batch, heads, seq, total] in memory.
+        let scores = scores.reshape([batch, h, seq, total]) + input.mask.clone();
+        let probs = softmax(scores, 3).reshape([batch, kvh, rep * seq, total]);
         let out = probs.matmul(v).reshape([batch, h, seq, d]).swap_dims(1, 2).reshape([batch, seq, h * d]);
         self.o_proj.forward(out)
     }

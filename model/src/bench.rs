@@ -1,0 +1,203 @@
+//! Measurement routines shared by `cargo xtask bench` and the GPU report example: model
+//! throughput with the peers' protocol, one forward pass of a large random model, and NF4
+//! projection throughput against dense f32. Each returns its figures as JSON.
+//!
+//! Every timing reads a result back to the host before stopping the clock (which synchronises
+//! asynchronous backends), and inputs change between iterations.
+
+use std::time::Instant;
+
+use burn::tensor::{Distribution, ElementConversion, Tensor, TensorData, TensorPrimitive};
+use serde_json::{json, Value};
+
+use crate::error::{ModelError, Result};
+use crate::linear::{Linear, Nf4Weight};
+use crate::nf4::Nf4Backend;
+use crate::{generate, GenerateConfig, Qwen2Config, Qwen2ForCausalLM};
+
+/// The peers' throughput protocol (`hf_bench.py`, `candle-bench`).
+#[derive(Clone, Debug)]
+pub struct Protocol {
+    /// Prefill length (batch 1, last-position logits).
+    pub prefill_len: usize,
+    /// Prefill repetitions after one warm-up.
+    pub prefill_iters: usize,
+    /// Prompt length before decoding.
+    pub prompt_len: usize,
+    /// New tokens per decode run.
+    pub new_tokens: usize,
+    /// Decode repetitions after one warm-up.
+    pub decode_iters: usize,
+    /// Decode batch sizes.
+    pub batches: Vec<usize>,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Self { prefill_len: 512, prefill_iters: 5, prompt_len: 32, new_tokens: 64, decode_iters: 3, batches: vec![1, 8] }
+    }
+}
+
+/// Token ids `((b·len + i)·7919 + 13) mod vocab` (the peers' formula), shifted by `salt` so
+/// repetitions see different inputs.
+pub fn ids(batch: usize, seq: usize, vocab: usize, salt: usize) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|b| (0..seq).map(|i| ((((b * seq + i) * 7919 + 13) + salt * 104_729) % vocab) as u32).collect())
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn best(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// Peak resident set size of this process in MiB (VmHWM; NaN where /proc is unavailable).
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+fn read_scalar<B: Nf4Backend, const D: usize>(t: Tensor<B, D>) -> f32 {
+    t.sum().into_scalar().elem::<f32>()
+}
+
+/// Prefill and decode throughput of `model` with the peers' protocol.
+pub fn throughput<B: Nf4Backend>(model: &Qwen2ForCausalLM<B>, protocol: &Protocol, device: &B::Device) -> Result<Value> {
+    if protocol.prefill_iters == 0 || protocol.decode_iters == 0 {
+        return Err(ModelError::Input("iterations must be positive".into()));
+    }
+    let vocab = model.config.vocab_size;
+    let prefill = |salt: usize| -> Result<f64> {
+        let x = ids(1, protocol.prefill_len, vocab, salt);
+        let mask = vec![vec![1u8; protocol.prefill_len]];
+        let t = Instant::now();
+        let input = model.step_input(&x, &mask, 0, device)?;
+        let hidden = model.forward_hidden(&input, None);
+        let [b, s, h] = hidden.dims();
+        let _ = read_scalar(model.logits(hidden.slice([0..b, s - 1..s, 0..h])));
+        Ok(t.elapsed().as_secs_f64())
+    };
+    prefill(0)?;
+    let ts: Vec<f64> = (1..=protocol.prefill_iters).map(prefill).collect::<Result<_>>()?;
+    let mut out = json!({
+        "params": model.num_weights(),
+        "prefill_len": protocol.prefill_len,
+        "prefill_s": ts,
+        "prefill_tok_s": protocol.prefill_len as f64 / median(ts.clone()),
+        "prefill_best_tok_s": protocol.prefill_len as f64 / best(&ts),
+        "prompt_len": protocol.prompt_len,
+        "new_tokens": protocol.new_tokens,
+    });
+    for &b in &protocol.batches {
+        let config = GenerateConfig::greedy(protocol.new_tokens);
+        let run = |salt: usize| -> Result<f64> {
+            let prompts = ids(b, protocol.prompt_len, vocab, salt);
+            let t = Instant::now();
+            let g = generate(model, &prompts, &config, None, device)?;
+            let dt = t.elapsed().as_secs_f64();
+            if g.tokens.iter().any(|t| t.len() != protocol.new_tokens) {
+                return Err(ModelError::Input("a row stopped early".into()));
+            }
+            Ok(dt)
+        };
+        run(0)?;
+        let ts: Vec<f64> = (1..=protocol.decode_iters).map(run).collect::<Result<_>>()?;
+        let tokens = (b * protocol.new_tokens) as f64;
+        out[format!("decode_b{b}_s")] = json!(ts);
+        out[format!("decode_b{b}_tok_s")] = json!(tokens / median(ts.clone()));
+        out[format!("decode_b{b}_best_tok_s")] = json!(tokens / best(&ts));
+    }
+    out["peak_rss_mb"] = json!(peak_rss_mb());
+    Ok(out)
+}
+
+/// Builds a random model of `config` (NF4 projections if asked) and times three forward passes
+/// of `seq` tokens.
+pub fn forward_pass<B: Nf4Backend>(config: Qwen2Config, seq: usize, nf4: bool, device: &B::Device) -> Result<Value> {
+    let t0 = Instant::now();
+    let model = Qwen2ForCausalLM::<B>::random(config.clone(), 0, nf4, device);
+    let build_s = t0.elapsed().as_secs_f64();
+    let rss_built = peak_rss_mb();
+    let mut times = Vec::new();
+    for salt in 0..3 {
+        let x = ids(1, seq, config.vocab_size, salt);
+        let mask = vec![vec![1u8; seq]];
+        let t = Instant::now();
+        let input = model.step_input(&x, &mask, 0, device)?;
+        let _ = read_scalar(model.forward(&input, None));
+        times.push(t.elapsed().as_secs_f64());
+    }
+    Ok(json!({
+        "nf4": nf4,
+        "params": model.num_weights(),
+        "seq": seq,
+        "build_s": build_s,
+        "forward_s": times,
+        "forward_median_s": median(times.clone()),
+        "rss_after_build_mb": rss_built,
+        "peak_rss_mb": peak_rss_mb(),
+    }))
+}
+
+/// NF4 projection throughput against dense f32 on Qwen2.5-1.5B's projection shapes, for each
+/// number of input rows in `rows`: the backend's `nf4_linear` (fused for few rows on the CPU)
+/// and dequantize-then-matmul, with weight sizes for f32, bf16 and NF4.
+pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Device) -> Value {
+    let shapes = [("q_proj/o_proj", 1536, 1536), ("k_proj/v_proj", 256, 1536), ("gate/up_proj", 8960, 1536), ("down_proj", 1536, 8960)];
+    let iters = iters.max(1);
+    let mut results = Vec::new();
+    for (name, out_f, in_f) in shapes {
+        let weight: Vec<f32> = Tensor::<B, 2>::random([out_f, in_f], Distribution::Normal(0.0, 0.02), device)
+            .into_data()
+            .to_vec()
+            .expect("f32 weights");
+        let nf4 = Nf4Weight::<B>::quantize(&weight, out_f, in_f, device);
+        let dense = Linear::dense(Tensor::<B, 2>::from_data(TensorData::new(weight, [out_f, in_f]), device), None);
+        for &m in rows {
+            let inputs: Vec<Tensor<B, 2>> = (0..=iters).map(|_| Tensor::random([m, in_f], Distribution::Default, device)).collect();
+            let time = |f: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>| -> f64 {
+                let _ = read_scalar(f(inputs[0].clone()));
+                median(
+                    inputs[1..]
+                        .iter()
+                        .map(|x| {
+                            let t = Instant::now();
+                            let _ = read_scalar(f(x.clone()));
+                            t.elapsed().as_secs_f64()
+                        })
+                        .collect(),
+                )
+            };
+            let dense_s = time(&|x| dense.base_forward(x));
+            let nf4_s = time(&|x| {
+                Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
+                    x.into_primitive().tensor(),
+                    nf4.codes.clone().into_primitive(),
+                    nf4.absmax.clone().into_primitive().tensor(),
+                    nf4.table.clone().into_primitive().tensor(),
+                    out_f,
+                    in_f,
+                )))
+            });
+            let dequant_s = time(&|x| nf4.dequantize().matmul(x.transpose()).transpose());
+            let flops = 2.0 * (m * out_f * in_f) as f64;
+            results.push(json!({
+                "projection": name, "rows": out_f, "cols": in_f, "m": m,
+                "dense_f32_s": dense_s, "nf4_s": nf4_s, "nf4_dequant_matmul_s": dequant_s,
+                "dense_gflops": flops / dense_s / 1e9, "nf4_gflops": flops / nf4_s / 1e9,
+                "nf4_vs_dense": dense_s / nf4_s,
+                "weight_bytes_f32": out_f * in_f * 4, "weight_bytes_bf16": out_f * in_f * 2,
+                "weight_bytes_nf4": (out_f * in_f).div_ceil(2) + (out_f * in_f).div_ceil(64) * 4,
+            }));
+        }
+    }
+    json!({ "results": results })
+}
