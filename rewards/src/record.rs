@@ -9,11 +9,16 @@
 //!
 //! Offsets into a task's document are Python `str` indices (Unicode code points), because
 //! they are produced and consumed inside the REPL.
+//!
+//! With the `schema` feature, every type also derives `utoipa::ToSchema`, so the environment's
+//! server describes these types in its OpenAPI document and `/schema` from the types themselves
+//! (`Action` is named `TurnAction` there, apart from the server's own `Action`).
 
 use serde::{Deserialize, Serialize};
 
 /// Which of the three fixed task splits a task belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Split {
     /// 1000 tasks used for SFT traces and GRPO.
@@ -26,6 +31,7 @@ pub enum Split {
 
 /// The kind of reasoning a task needs; each family is produced by its own generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     /// A single key buried in filler; the answer is the value stored under it.
@@ -42,6 +48,7 @@ pub enum Family {
 
 /// A half-open range `[start, end)` of Python `str` indices into a task's document.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Span {
     /// First index in the range.
     pub start: usize,
@@ -58,6 +65,7 @@ impl Span {
 
 /// One long-document question with its gold answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Task {
     /// Stable identifier, e.g. `train-00042`.
     pub id: String,
@@ -87,6 +95,7 @@ pub struct Task {
 
 /// Who wrote a chat message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// The system prompt.
@@ -99,6 +108,7 @@ pub enum Role {
 
 /// One chat message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Message {
     /// Author of the message.
     pub role: Role,
@@ -108,6 +118,7 @@ pub struct Message {
 
 /// What the environment made of one assistant turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema), schema(as = TurnAction))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Action {
     /// A fenced code block that was run in the REPL.
@@ -129,6 +140,7 @@ pub enum Action {
 
 /// What one code cell produced.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct ExecOutput {
     /// Captured standard output (possibly truncated).
     pub stdout: String,
@@ -144,6 +156,7 @@ pub struct ExecOutput {
 
 /// One `llm()` call made from inside the REPL.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct LlmCall {
     /// The prompt passed to `llm()`.
     pub prompt: String,
@@ -161,6 +174,7 @@ pub struct LlmCall {
 
 /// How a cell touched the document, recorded by the REPL's instrumented `context`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AccessKind {
     /// A slice of the document was taken.
@@ -179,6 +193,7 @@ pub enum AccessKind {
 
 /// One access of the document by a cell.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Access {
     /// What kind of access it was.
     #[serde(flatten)]
@@ -189,6 +204,7 @@ pub struct Access {
 
 /// One assistant turn and what the environment did with it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Step {
     /// The assistant's message, verbatim.
     pub assistant: String,
@@ -212,6 +228,7 @@ pub struct Step {
 
 /// Why an episode ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EndReason {
     /// The model gave an answer.
@@ -227,6 +244,7 @@ pub enum EndReason {
 
 /// The full record of one episode; what rewards consume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 pub struct Trajectory {
     /// The task the episode was about.
     pub task_id: String,

@@ -4,16 +4,25 @@
 //! `/schema` gives each of action, observation and state as a self-contained JSON Schema
 //! (draft 2020-12, which OpenAPI 3.1's schema objects are): the schema itself with every
 //! component it references under `$defs`.
+//!
+//! The record types (tasks, messages, steps, trajectories) are `fathom_rewards::record`'s own,
+//! whose `schema` feature derives their schemas. The OpenEnv integration test validates every
+//! observation and state the server sends against `/schema`, so the record schemas are closed
+//! ([`CloseRecords`]) as the wire's request types are: a field serde writes that a schema does
+//! not describe fails that test instead of passing unnoticed.
 
 use std::collections::BTreeMap;
 
+use fathom_rewards::record;
 use serde_json::{Value, json};
-use utoipa::OpenApi;
+use utoipa::openapi::schema::{AdditionalProperties, Schema};
+use utoipa::openapi::{OpenApi as Document, RefOr};
+use utoipa::{Modify, OpenApi};
 
 use super::http::{
     CapacityBody, ErrorBody, HealthBody, MetadataBody, SchemaBody, ValidationErrorBody,
 };
-use crate::wire::{self, records};
+use crate::wire;
 
 /// The server's OpenAPI document.
 #[derive(OpenApi)]
@@ -50,29 +59,63 @@ use crate::wire::{self, records};
         wire::ErrorCode,
         wire::LlmRequest,
         wire::LlmResult,
-        records::Split,
-        records::Family,
-        records::Span,
-        records::Task,
-        records::Role,
-        records::Message,
-        records::TurnAction,
-        records::ExecOutput,
-        records::LlmCall,
-        records::Access,
-        records::AccessKindName,
-        records::Step,
-        records::EndReason,
-        records::Trajectory,
+        record::Split,
+        record::Family,
+        record::Span,
+        record::Task,
+        record::Role,
+        record::Message,
+        record::Action,
+        record::ExecOutput,
+        record::LlmCall,
+        record::Access,
+        record::AccessKind,
+        record::Step,
+        record::EndReason,
+        record::Trajectory,
         HealthBody,
         MetadataBody,
         CapacityBody,
         SchemaBody,
         ErrorBody,
         ValidationErrorBody,
-    ))
+    )),
+    modifiers(&CloseRecords)
 )]
 pub struct ApiDoc;
+
+/// The record structs whose schemas [`CloseRecords`] closes. `Access` is not among them: it
+/// flattens the tagged `AccessKind` (an `allOf` of the two), where closing either part would
+/// reject the other's fields.
+const CLOSED_RECORDS: [&str; 7] = [
+    "Span",
+    "Task",
+    "Message",
+    "ExecOutput",
+    "LlmCall",
+    "Step",
+    "Trajectory",
+];
+
+/// Sets `additionalProperties: false` on the [`CLOSED_RECORDS`]. utoipa closes a schema only
+/// for serde's `deny_unknown_fields`, which would also change how records parse (and does not
+/// combine with `Access`'s `flatten`), so the record types leave it out and the document
+/// closes their schemas here instead.
+struct CloseRecords;
+
+impl Modify for CloseRecords {
+    fn modify(&self, doc: &mut Document) {
+        let Some(components) = doc.components.as_mut() else {
+            return;
+        };
+        for name in CLOSED_RECORDS {
+            if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(name) {
+                object.additional_properties =
+                    Some(Box::new(AdditionalProperties::FreeForm(false)));
+            }
+        }
+    }
+}
 
 /// The OpenAPI document as JSON.
 pub(crate) fn document_json() -> String {
@@ -228,5 +271,18 @@ mod tests {
         }
         assert!(s["action"]["properties"].get("code").is_some());
         assert_eq!(s["action"]["additionalProperties"], json!(false));
+    }
+
+    #[test]
+    fn record_schemas_are_closed() {
+        let doc: Value = serde_json::from_str(&document_json()).unwrap();
+        for name in CLOSED_RECORDS {
+            let schema = &doc["components"]["schemas"][name];
+            assert!(
+                schema["properties"].is_object(),
+                "{name} is not an object schema"
+            );
+            assert_eq!(schema["additionalProperties"], json!(false), "{name}");
+        }
     }
 }

@@ -11,7 +11,6 @@
 //! validation errors name the field (`loc`) in the style of FastAPI's 422 bodies.
 
 mod parse;
-pub mod records;
 
 pub use parse::{FieldError, Shape, from_value, parse_json};
 
@@ -53,14 +52,12 @@ pub struct ResetParams {
     pub episode_id: Option<String>,
     /// A fixed split (`train`, `eval`, `heldout`); needs `index`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<records::Split>)]
     pub split: Option<Split>,
     /// Position in `split`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<usize>,
     /// A whole task (one line of `xtask data`'s JSONL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<records::Task>)]
     pub task: Option<Box<Task>>,
     /// A document of your own, loaded as `context`; needs `task_prompt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -356,22 +353,18 @@ pub struct ObservationBody {
     pub text: String,
     /// The whole conversation so far (system prompt, question, turns, observations), ready
     /// for a chat template.
-    #[schema(value_type = Vec<records::Message>)]
     pub messages: Vec<Message>,
     /// Assistant turns taken.
     pub turn: usize,
     /// Assistant turns allowed.
     pub max_turns: usize,
     /// Why the episode ended, once it has.
-    #[schema(value_type = Option<records::EndReason>)]
     pub end_reason: Option<EndReason>,
     /// The record of the step just taken (absent after a reset).
-    #[schema(value_type = Option<records::Step>)]
     pub step: Option<Step>,
     /// The reward breakdown, on the final observation of an episode with a known answer.
     pub score: Option<Score>,
     /// The episode's full record, on its final observation.
-    #[schema(value_type = Option<records::Trajectory>)]
     pub trajectory: Option<Trajectory>,
 }
 
@@ -415,7 +408,6 @@ pub struct StateBody {
     /// The task's id.
     pub task_id: Option<String>,
     /// The split, for split tasks.
-    #[schema(value_type = Option<records::Split>)]
     pub split: Option<Split>,
     /// The index in the split, for split tasks.
     pub index: Option<usize>,
@@ -436,7 +428,6 @@ pub struct StateBody {
     /// Whether the episode has ended.
     pub done: bool,
     /// Why it ended.
-    #[schema(value_type = Option<records::EndReason>)]
     pub end_reason: Option<EndReason>,
 }
 

@@ -251,6 +251,22 @@ impl Ws {
         self.socket.send(Message::Text(text.into())).expect("send");
     }
 
+    /// Sends a text message the server may refuse while it is still arriving: a reset or a
+    /// broken pipe then counts as sent (the server closed the connection on seeing the frame's
+    /// header), any other failure fails the test.
+    pub fn send_text_refusable(&mut self, text: &str) {
+        match self.socket.send(Message::Text(text.into())) {
+            Ok(()) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                ) => {}
+            Err(tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed) => {}
+            Err(e) => panic!("send: {e:?}"),
+        }
+    }
+
     /// Sends a JSON message.
     pub fn send(&mut self, v: &Value) {
         self.send_text(&v.to_string());
