@@ -8,36 +8,62 @@
 
 use std::path::{Path, PathBuf};
 
-use fathom_model::bench::{forward_pass, nf4_matmul, throughput, Protocol};
+use fathom_model::bench::{Protocol, forward_pass, nf4_matmul, throughput};
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::linear::Nf4Weight;
 use fathom_model::save::SaveDtype;
-use fathom_model::{generate, Cpu, Cuda, GenerateConfig, LoadOptions, Qwen2Config, Qwen2ForCausalLM, RopeFrequencies};
+use fathom_model::{
+    Cpu, Cuda, GenerateConfig, LoadOptions, Qwen2Config, Qwen2ForCausalLM, RopeFrequencies,
+    generate,
+};
 use serde_json::json;
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
 fn i64_rows(ck: &Checkpoint, name: &str) -> Vec<Vec<i64>> {
     let raw = ck.raw(name).unwrap();
-    let v: Vec<i64> = raw.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+    let v: Vec<i64> = raw
+        .data
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     v.chunks(raw.shape[1]).map(<[i64]>::to_vec).collect()
 }
 
-fn parity(fixtures: &Path, model_dir: &str, adapter: Option<&str>, rope: RopeFrequencies) -> Result<(f32, bool), Box<dyn std::error::Error>> {
+fn parity(
+    fixtures: &Path,
+    model_dir: &str,
+    adapter: Option<&str>,
+    rope: RopeFrequencies,
+) -> Result<(f32, bool), Box<dyn std::error::Error>> {
     let device = Default::default();
-    let mut model = Qwen2ForCausalLM::<Cuda>::load(&fixtures.join(model_dir), &device, LoadOptions::default())?;
+    let mut model =
+        Qwen2ForCausalLM::<Cuda>::load(&fixtures.join(model_dir), &device, LoadOptions::default())?;
     if let Some(a) = adapter {
         model = model.load_adapter(&fixtures.join(a), &device)?;
     }
     model.rope_frequencies = rope;
     let refdir = fixtures.join(adapter.unwrap_or(model_dir));
     let ck = Checkpoint::open_files(&refdir, &[refdir.join("reference.safetensors")])?;
-    let ids: Vec<Vec<u32>> = i64_rows(&ck, "input_ids").into_iter().map(|r| r.into_iter().map(|v| v as u32).collect()).collect();
-    let mask: Vec<Vec<u8>> = i64_rows(&ck, "attention_mask").into_iter().map(|r| r.into_iter().map(|v| v as u8).collect()).collect();
-    let greedy: Vec<Vec<u32>> = i64_rows(&ck, "greedy_ids").into_iter().map(|r| r.into_iter().map(|v| v as u32).collect()).collect();
+    let ids: Vec<Vec<u32>> = i64_rows(&ck, "input_ids")
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v as u32).collect())
+        .collect();
+    let mask: Vec<Vec<u8>> = i64_rows(&ck, "attention_mask")
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v as u8).collect())
+        .collect();
+    let greedy: Vec<Vec<u32>> = i64_rows(&ck, "greedy_ids")
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v as u32).collect())
+        .collect();
     let shape = ck.shape("logits")?;
     let reference = ck.f32("logits", &shape)?;
-    let logits: Vec<f32> = model.forward(&model.step_input(&ids, &mask, 0, &device)?, None).into_data().to_vec().unwrap();
+    let logits: Vec<f32> = model
+        .forward(&model.step_input(&ids, &mask, 0, &device)?, None)
+        .into_data()
+        .to_vec()
+        .unwrap();
     let (seq, vocab) = (shape[1], shape[2]);
     let mut max = 0f32;
     for (b, m) in mask.iter().enumerate() {
@@ -50,25 +76,61 @@ fn parity(fixtures: &Path, model_dir: &str, adapter: Option<&str>, rope: RopeFre
             }
         }
     }
-    let prompts: Vec<Vec<u32>> = ids.iter().zip(&mask).map(|(r, m)| r.iter().zip(m).filter(|p| *p.1 == 1).map(|p| *p.0).collect()).collect();
-    let out = generate(&model, &prompts, &GenerateConfig::greedy(greedy[0].len()), None, &device)?;
+    let prompts: Vec<Vec<u32>> = ids
+        .iter()
+        .zip(&mask)
+        .map(|(r, m)| {
+            r.iter()
+                .zip(m)
+                .filter(|p| *p.1 == 1)
+                .map(|p| *p.0)
+                .collect()
+        })
+        .collect();
+    let out = generate(
+        &model,
+        &prompts,
+        &GenerateConfig::greedy(greedy[0].len()),
+        None,
+        &device,
+    )?;
     Ok((max, out.tokens == greedy))
 }
 
 fn main() -> R {
     let mut args = std::env::args().skip(1);
-    let fixtures = PathBuf::from(args.next().ok_or("usage: cuda_report FIXTURES_DIR [OUT_DIR]")?);
+    let fixtures = PathBuf::from(
+        args.next()
+            .ok_or("usage: cuda_report FIXTURES_DIR [OUT_DIR]")?,
+    );
     let out_dir = args.next().map(PathBuf::from);
     let mut ok = true;
 
     // 1. The kernel against the CPU path, bit for bit.
     for (rows, cols) in [(64, 64), (96, 160), (7, 9), (8960, 1536)] {
-        let w: Vec<f32> = (0..rows * cols).map(|i| (((i * 2654435761) % 10007) as f32 / 10007.0 - 0.5) * 0.1).collect();
-        let cpu: Vec<f32> = Nf4Weight::<Cpu>::quantize(&w, rows, cols, &Default::default()).dequantize().into_data().to_vec().unwrap();
-        let gpu: Vec<f32> = Nf4Weight::<Cuda>::quantize(&w, rows, cols, &Default::default()).dequantize().into_data().to_vec().unwrap();
-        let same = cpu.iter().zip(&gpu).all(|(a, b)| a.to_bits() == b.to_bits()) && cpu.len() == gpu.len();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| (((i * 2654435761) % 10007) as f32 / 10007.0 - 0.5) * 0.1)
+            .collect();
+        let cpu: Vec<f32> = Nf4Weight::<Cpu>::quantize(&w, rows, cols, &Default::default())
+            .dequantize()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let gpu: Vec<f32> = Nf4Weight::<Cuda>::quantize(&w, rows, cols, &Default::default())
+            .dequantize()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let same = cpu
+            .iter()
+            .zip(&gpu)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+            && cpu.len() == gpu.len();
         ok &= same;
-        println!("{}", json!({"check": "nf4_kernel_bit_identical", "rows": rows, "cols": cols, "pass": same}));
+        println!(
+            "{}",
+            json!({"check": "nf4_kernel_bit_identical", "rows": rows, "cols": cols, "pass": same})
+        );
     }
     // 2. Fixture models on CUDA against transformers / bitsandbytes / peft.
     for (dir, adapter, rope) in [
@@ -80,26 +142,49 @@ fn main() -> R {
         let (diff, greedy) = parity(&fixtures, dir, adapter, rope)?;
         let pass = diff < 1e-4 && greedy;
         ok &= pass;
-        println!("{}", json!({"check": "parity", "model": dir, "adapter": adapter, "max_logit_diff": diff, "greedy_identical": greedy, "pass": pass}));
+        println!(
+            "{}",
+            json!({"check": "parity", "model": dir, "adapter": adapter, "max_logit_diff": diff, "greedy_identical": greedy, "pass": pass})
+        );
     }
     // 3. Throughput.
     let device = Default::default();
     let nf4 = nf4_matmul::<Cuda>(&[1, 8, 128, 512], 10, &device);
-    println!("{}", json!({"bench": "nf4_matmul", "backend": "cuda", "figures": nf4}));
+    println!(
+        "{}",
+        json!({"bench": "nf4_matmul", "backend": "cuda", "figures": nf4})
+    );
     for nf4 in [false, true] {
         let f = forward_pass::<Cuda>(Qwen2Config::qwen2_5_1_5b(), 512, nf4, &device)?;
-        println!("{}", json!({"bench": "forward_qwen2.5-1.5b", "backend": "cuda", "figures": f}));
+        println!(
+            "{}",
+            json!({"bench": "forward_qwen2.5-1.5b", "backend": "cuda", "figures": f})
+        );
     }
     let protocol = Protocol::default();
     let small = Qwen2ForCausalLM::<Cuda>::random(Qwen2Config::qwen2_5_0_5b(), 0, false, &device);
     if let Some(dir) = &out_dir {
-        Qwen2ForCausalLM::<Cpu>::random(Qwen2Config::qwen2_5_0_5b(), 0, false, &Default::default()).save_pretrained(dir, SaveDtype::Bf16)?;
+        Qwen2ForCausalLM::<Cpu>::random(Qwen2Config::qwen2_5_0_5b(), 0, false, &Default::default())
+            .save_pretrained(dir, SaveDtype::Bf16)?;
     }
     let t = throughput(&small, &protocol, &device)?;
-    println!("{}", json!({"bench": "throughput_qwen2.5-0.5b", "backend": "cuda", "figures": t}));
+    println!(
+        "{}",
+        json!({"bench": "throughput_qwen2.5-0.5b", "backend": "cuda", "figures": t})
+    );
     let coder = Qwen2ForCausalLM::<Cuda>::random(Qwen2Config::qwen2_5_1_5b(), 0, true, &device);
-    let t = throughput(&coder, &Protocol { batches: vec![1, 8], ..protocol }, &device)?;
-    println!("{}", json!({"bench": "throughput_qwen2.5-1.5b_nf4", "backend": "cuda", "figures": t}));
+    let t = throughput(
+        &coder,
+        &Protocol {
+            batches: vec![1, 8],
+            ..protocol
+        },
+        &device,
+    )?;
+    println!(
+        "{}",
+        json!({"bench": "throughput_qwen2.5-1.5b_nf4", "backend": "cuda", "figures": t})
+    );
     if !ok {
         return Err("a parity check failed".into());
     }

@@ -8,12 +8,12 @@
 use std::time::Instant;
 
 use burn::tensor::{Distribution, ElementConversion, Tensor, TensorData, TensorPrimitive};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, Nf4Weight};
 use crate::nf4::Nf4Backend;
-use crate::{generate, GenerateConfig, Qwen2Config, Qwen2ForCausalLM};
+use crate::{GenerateConfig, Qwen2Config, Qwen2ForCausalLM, generate};
 
 /// The peers' throughput protocol (`hf_bench.py`, `candle-bench`).
 #[derive(Clone, Debug)]
@@ -34,7 +34,14 @@ pub struct Protocol {
 
 impl Default for Protocol {
     fn default() -> Self {
-        Self { prefill_len: 512, prefill_iters: 5, prompt_len: 32, new_tokens: 64, decode_iters: 3, batches: vec![1, 8] }
+        Self {
+            prefill_len: 512,
+            prefill_iters: 5,
+            prompt_len: 32,
+            new_tokens: 64,
+            decode_iters: 3,
+            batches: vec![1, 8],
+        }
     }
 }
 
@@ -42,7 +49,11 @@ impl Default for Protocol {
 /// repetitions see different inputs.
 pub fn ids(batch: usize, seq: usize, vocab: usize, salt: usize) -> Vec<Vec<u32>> {
     (0..batch)
-        .map(|b| (0..seq).map(|i| ((((b * seq + i) * 7919 + 13) + salt * 104_729) % vocab) as u32).collect())
+        .map(|b| {
+            (0..seq)
+                .map(|i| ((((b * seq + i) * 7919 + 13) + salt * 104_729) % vocab) as u32)
+                .collect()
+        })
         .collect()
 }
 
@@ -59,8 +70,16 @@ fn best(v: &[f64]) -> f64 {
 pub fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(str::to_string)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<f64>().ok())
+        })
         .map(|kb| kb / 1024.0)
         .unwrap_or(f64::NAN)
 }
@@ -70,7 +89,11 @@ fn read_scalar<B: Nf4Backend, const D: usize>(t: Tensor<B, D>) -> f32 {
 }
 
 /// Prefill and decode throughput of `model` with the peers' protocol.
-pub fn throughput<B: Nf4Backend>(model: &Qwen2ForCausalLM<B>, protocol: &Protocol, device: &B::Device) -> Result<Value> {
+pub fn throughput<B: Nf4Backend>(
+    model: &Qwen2ForCausalLM<B>,
+    protocol: &Protocol,
+    device: &B::Device,
+) -> Result<Value> {
     if protocol.prefill_iters == 0 || protocol.decode_iters == 0 {
         return Err(ModelError::Input("iterations must be positive".into()));
     }
@@ -86,7 +109,9 @@ pub fn throughput<B: Nf4Backend>(model: &Qwen2ForCausalLM<B>, protocol: &Protoco
         Ok(t.elapsed().as_secs_f64())
     };
     prefill(0)?;
-    let ts: Vec<f64> = (1..=protocol.prefill_iters).map(prefill).collect::<Result<_>>()?;
+    let ts: Vec<f64> = (1..=protocol.prefill_iters)
+        .map(prefill)
+        .collect::<Result<_>>()?;
     let mut out = json!({
         "params": model.num_weights(),
         "prefill_len": protocol.prefill_len,
@@ -109,7 +134,9 @@ pub fn throughput<B: Nf4Backend>(model: &Qwen2ForCausalLM<B>, protocol: &Protoco
             Ok(dt)
         };
         run(0)?;
-        let ts: Vec<f64> = (1..=protocol.decode_iters).map(run).collect::<Result<_>>()?;
+        let ts: Vec<f64> = (1..=protocol.decode_iters)
+            .map(run)
+            .collect::<Result<_>>()?;
         let tokens = (b * protocol.new_tokens) as f64;
         out[format!("decode_b{b}_s")] = json!(ts);
         out[format!("decode_b{b}_tok_s")] = json!(tokens / median(ts.clone()));
@@ -121,7 +148,12 @@ pub fn throughput<B: Nf4Backend>(model: &Qwen2ForCausalLM<B>, protocol: &Protoco
 
 /// Builds a random model of `config` (NF4 projections if asked) and times three forward passes
 /// of `seq` tokens.
-pub fn forward_pass<B: Nf4Backend>(config: Qwen2Config, seq: usize, nf4: bool, device: &B::Device) -> Result<Value> {
+pub fn forward_pass<B: Nf4Backend>(
+    config: Qwen2Config,
+    seq: usize,
+    nf4: bool,
+    device: &B::Device,
+) -> Result<Value> {
     let t0 = Instant::now();
     let model = Qwen2ForCausalLM::<B>::random(config.clone(), 0, nf4, device);
     let build_s = t0.elapsed().as_secs_f64();
@@ -151,18 +183,29 @@ pub fn forward_pass<B: Nf4Backend>(config: Qwen2Config, seq: usize, nf4: bool, d
 /// number of input rows in `rows`: the backend's `nf4_linear` (fused for few rows on the CPU)
 /// and dequantize-then-matmul, with weight sizes for f32, bf16 and NF4.
 pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Device) -> Value {
-    let shapes = [("q_proj/o_proj", 1536, 1536), ("k_proj/v_proj", 256, 1536), ("gate/up_proj", 8960, 1536), ("down_proj", 1536, 8960)];
+    let shapes = [
+        ("q_proj/o_proj", 1536, 1536),
+        ("k_proj/v_proj", 256, 1536),
+        ("gate/up_proj", 8960, 1536),
+        ("down_proj", 1536, 8960),
+    ];
     let iters = iters.max(1);
     let mut results = Vec::new();
     for (name, out_f, in_f) in shapes {
-        let weight: Vec<f32> = Tensor::<B, 2>::random([out_f, in_f], Distribution::Normal(0.0, 0.02), device)
-            .into_data()
-            .to_vec()
-            .expect("f32 weights");
+        let weight: Vec<f32> =
+            Tensor::<B, 2>::random([out_f, in_f], Distribution::Normal(0.0, 0.02), device)
+                .into_data()
+                .to_vec()
+                .expect("f32 weights");
         let nf4 = Nf4Weight::<B>::quantize(&weight, out_f, in_f, device);
-        let dense = Linear::dense(Tensor::<B, 2>::from_data(TensorData::new(weight, [out_f, in_f]), device), None);
+        let dense = Linear::dense(
+            Tensor::<B, 2>::from_data(TensorData::new(weight, [out_f, in_f]), device),
+            None,
+        );
         for &m in rows {
-            let inputs: Vec<Tensor<B, 2>> = (0..=iters).map(|_| Tensor::random([m, in_f], Distribution::Default, device)).collect();
+            let inputs: Vec<Tensor<B, 2>> = (0..=iters)
+                .map(|_| Tensor::random([m, in_f], Distribution::Default, device))
+                .collect();
             let time = |f: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>| -> f64 {
                 let _ = read_scalar(f(inputs[0].clone()));
                 median(

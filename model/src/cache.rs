@@ -17,7 +17,10 @@ pub struct KvCache<B: Backend> {
 impl<B: Backend> KvCache<B> {
     /// An empty cache for a model with `num_layers` layers.
     pub fn new(num_layers: usize) -> Self {
-        Self { layers: vec![None; num_layers], len: 0 }
+        Self {
+            layers: vec![None; num_layers],
+            len: 0,
+        }
     }
 
     /// Number of positions cached.
@@ -32,7 +35,12 @@ impl<B: Backend> KvCache<B> {
 
     /// Appends this step's keys and values for `layer` and returns everything cached for it.
     /// The cache length advances when the last layer is appended.
-    pub fn append(&mut self, layer: usize, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    pub fn append(
+        &mut self,
+        layer: usize,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let step = k.dims()[2];
         let (k, v) = match self.layers[layer].take() {
             None => (k, v),
@@ -55,7 +63,8 @@ impl<B: Backend> KvCache<B> {
             if let Some((k, v)) = slot.take() {
                 let device = k.device();
                 let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-                let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
+                let idx =
+                    Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
                 *slot = Some((k.select(0, idx.clone()), v.select(0, idx)));
             }
         }

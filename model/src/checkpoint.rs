@@ -11,8 +11,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata, TensorView};
 use safetensors::SafeTensors;
+use safetensors::tensor::{Dtype, Metadata, TensorView};
 
 use crate::error::{ModelError, Result};
 
@@ -63,11 +63,16 @@ impl Checkpoint {
             let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
             let checkpoint = Self::open_files(dir, &paths)?;
             for (name, file) in &parsed.weight_map {
-                let listed = checkpoint.index.get(name).map(|&i| &checkpoint.shards[i].path);
+                let listed = checkpoint
+                    .index
+                    .get(name)
+                    .map(|&i| &checkpoint.shards[i].path);
                 if listed != Some(&dir.join(file)) {
                     return Err(ModelError::Safetensors {
                         path: dir.join(file),
-                        message: format!("the index lists tensor `{name}` in this shard, but it is not there"),
+                        message: format!(
+                            "the index lists tensor `{name}` in this shard, but it is not there"
+                        ),
                     });
                 }
             }
@@ -107,9 +112,18 @@ impl Checkpoint {
                     });
                 }
             }
-            shards.push(Shard { path: path.clone(), map, header_len, metadata });
+            shards.push(Shard {
+                path: path.clone(),
+                map,
+                header_len,
+                metadata,
+            });
         }
-        Ok(Self { dir: dir.to_path_buf(), shards, index })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            shards,
+            index,
+        })
     }
 
     /// The directory the checkpoint was opened from.
@@ -131,26 +145,44 @@ impl Checkpoint {
 
     /// The raw bytes of a tensor.
     pub fn raw(&self, name: &str) -> Result<RawTensor<'_>> {
-        let &shard = self.index.get(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            dir: self.dir.clone(),
-        })?;
+        let &shard = self
+            .index
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            })?;
         let shard = &self.shards[shard];
-        let info = shard.metadata.info(name).expect("indexed tensor has metadata");
+        let info = shard
+            .metadata
+            .info(name)
+            .expect("indexed tensor has metadata");
         let (start, end) = info.data_offsets;
         let base = 8 + shard.header_len;
-        let data = shard.map.get(base + start..base + end).ok_or_else(|| ModelError::Safetensors {
-            path: shard.path.clone(),
-            message: format!("tensor `{name}` points past the end of the file"),
-        })?;
+        let data =
+            shard
+                .map
+                .get(base + start..base + end)
+                .ok_or_else(|| ModelError::Safetensors {
+                    path: shard.path.clone(),
+                    message: format!("tensor `{name}` points past the end of the file"),
+                })?;
         let elements: usize = info.shape.iter().product();
         if elements * info.dtype.bitsize() != data.len() * 8 {
             return Err(ModelError::Safetensors {
                 path: shard.path.clone(),
-                message: format!("tensor `{name}` has {} bytes for shape {:?}", data.len(), info.shape),
+                message: format!(
+                    "tensor `{name}` has {} bytes for shape {:?}",
+                    data.len(),
+                    info.shape
+                ),
             });
         }
-        Ok(RawTensor { dtype: info.dtype, shape: info.shape.clone(), data })
+        Ok(RawTensor {
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            data,
+        })
     }
 
     /// The shape of a tensor.
@@ -175,7 +207,10 @@ impl Checkpoint {
     pub fn u8(&self, name: &str) -> Result<(Vec<usize>, &[u8])> {
         let raw = self.raw(name)?;
         if raw.dtype != Dtype::U8 {
-            return Err(ModelError::Dtype { name: name.into(), dtype: format!("{:?} (expected U8)", raw.dtype) });
+            return Err(ModelError::Dtype {
+                name: name.into(),
+                dtype: format!("{:?} (expected U8)", raw.dtype),
+            });
         }
         Ok((raw.shape, raw.data))
     }
@@ -184,7 +219,10 @@ impl Checkpoint {
 /// Converts little-endian f32, f16 or bf16 bytes to f32.
 pub fn to_f32(name: &str, dtype: Dtype, data: &[u8]) -> Result<Vec<f32>> {
     let out = match dtype {
-        Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
         Dtype::BF16 => data
             .chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
@@ -219,18 +257,33 @@ impl OutTensor {
     /// An f32 tensor.
     pub fn f32(name: impl Into<String>, shape: Vec<usize>, values: &[f32]) -> Self {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Self { name: name.into(), dtype: Dtype::F32, shape, data }
+        Self {
+            name: name.into(),
+            dtype: Dtype::F32,
+            shape,
+            data,
+        }
     }
 
     /// A u8 tensor.
     pub fn u8(name: impl Into<String>, shape: Vec<usize>, values: Vec<u8>) -> Self {
-        Self { name: name.into(), dtype: Dtype::U8, shape, data: values }
+        Self {
+            name: name.into(),
+            dtype: Dtype::U8,
+            shape,
+            data: values,
+        }
     }
 
     /// An i64 tensor.
     pub fn i64(name: impl Into<String>, shape: Vec<usize>, values: &[i64]) -> Self {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Self { name: name.into(), dtype: Dtype::I64, shape, data }
+        Self {
+            name: name.into(),
+            dtype: Dtype::I64,
+            shape,
+            data,
+        }
     }
 }
 
@@ -246,11 +299,16 @@ pub fn write_safetensors(
         .map(|t| {
             TensorView::new(t.dtype, t.shape.clone(), &t.data)
                 .map(|v| (t.name.clone(), v))
-                .map_err(|e| ModelError::Safetensors { path: path.into(), message: format!("`{}`: {e}", t.name) })
+                .map_err(|e| ModelError::Safetensors {
+                    path: path.into(),
+                    message: format!("`{}`: {e}", t.name),
+                })
         })
         .collect::<Result<_>>()?;
-    let bytes = safetensors::serialize(views, metadata)
-        .map_err(|e| ModelError::Safetensors { path: path.into(), message: e.to_string() })?;
+    let bytes = safetensors::serialize(views, metadata).map_err(|e| ModelError::Safetensors {
+        path: path.into(),
+        message: e.to_string(),
+    })?;
     write_atomic(path, &bytes)
 }
 
@@ -258,8 +316,14 @@ pub fn write_safetensors(
 /// renamed over `path`, so a reader never sees a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut file = File::create(&tmp)?;
@@ -290,7 +354,12 @@ mod tests {
             &path,
             &[
                 OutTensor::f32("a", vec![2, 2], &[1.0, 2.0, 3.0, 4.0]),
-                OutTensor { name: "b".into(), dtype: Dtype::BF16, shape: vec![2], data: bf16 },
+                OutTensor {
+                    name: "b".into(),
+                    dtype: Dtype::BF16,
+                    shape: vec![2],
+                    data: bf16,
+                },
             ],
             None,
         )
@@ -307,8 +376,18 @@ mod tests {
     #[test]
     fn sharded_index() {
         let dir = tempfile::tempdir().unwrap();
-        write_safetensors(&dir.path().join("s1.safetensors"), &[OutTensor::f32("x", vec![1], &[1.0])], None).unwrap();
-        write_safetensors(&dir.path().join("s2.safetensors"), &[OutTensor::f32("y", vec![1], &[2.0])], None).unwrap();
+        write_safetensors(
+            &dir.path().join("s1.safetensors"),
+            &[OutTensor::f32("x", vec![1], &[1.0])],
+            None,
+        )
+        .unwrap();
+        write_safetensors(
+            &dir.path().join("s2.safetensors"),
+            &[OutTensor::f32("y", vec![1], &[2.0])],
+            None,
+        )
+        .unwrap();
         std::fs::write(
             dir.path().join("model.safetensors.index.json"),
             r#"{"metadata": {}, "weight_map": {"x": "s1.safetensors", "y": "s2.safetensors"}}"#,
@@ -322,7 +401,11 @@ mod tests {
     #[test]
     fn garbage_file_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("model.safetensors"), b"not a safetensors file at all").unwrap();
+        std::fs::write(
+            dir.path().join("model.safetensors"),
+            b"not a safetensors file at all",
+        )
+        .unwrap();
         let err = Checkpoint::open_dir(dir.path()).err().unwrap().to_string();
         assert!(err.contains("model.safetensors"), "{err}");
     }

@@ -133,10 +133,15 @@ impl Qwen2Config {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
         let de = &mut serde_json::Deserializer::from_str(&text);
-        let config: Qwen2Config = serde_path_to_error::deserialize(de).map_err(|e| ModelError::Json {
-            path: path.to_path_buf(),
-            message: if e.path().iter().next().is_some() { format!("`{}`: {}", e.path(), e.inner()) } else { e.inner().to_string() },
-        })?;
+        let config: Qwen2Config =
+            serde_path_to_error::deserialize(de).map_err(|e| ModelError::Json {
+                path: path.to_path_buf(),
+                message: if e.path().iter().next().is_some() {
+                    format!("`{}`: {}", e.path(), e.inner())
+                } else {
+                    e.inner().to_string()
+                },
+            })?;
         config.validate().map_err(|message| ModelError::Config {
             path: path.to_path_buf(),
             message,
@@ -177,13 +182,21 @@ impl Qwen2Config {
             ));
         }
         if self.head_dim() % 2 != 0 {
-            return Err(format!("head dimension {} must be even for RoPE", self.head_dim()));
+            return Err(format!(
+                "head dimension {} must be even for RoPE",
+                self.head_dim()
+            ));
         }
         if self.hidden_act != "silu" {
-            return Err(format!("`hidden_act` is `{}`, only `silu` is supported", self.hidden_act));
+            return Err(format!(
+                "`hidden_act` is `{}`, only `silu` is supported",
+                self.hidden_act
+            ));
         }
         if self.use_sliding_window {
-            return Err("`use_sliding_window` is true; sliding-window attention is not supported".into());
+            return Err(
+                "`use_sliding_window` is true; sliding-window attention is not supported".into(),
+            );
         }
         if let Some(scaling) = &self.rope_scaling {
             let default = scaling.is_null()
@@ -193,9 +206,15 @@ impl Qwen2Config {
                 return Err(format!("`rope_scaling` {scaling} is not supported"));
             }
         }
-        if let Some(kind) = self.rope_parameters.as_ref().and_then(|p| p.rope_type.as_deref()) {
+        if let Some(kind) = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.rope_type.as_deref())
+        {
             if kind != "default" {
-                return Err(format!("`rope_parameters.rope_type` `{kind}` is not supported"));
+                return Err(format!(
+                    "`rope_parameters.rope_type` `{kind}` is not supported"
+                ));
             }
         }
         if !(self.rope_base() > 0.0) {
@@ -207,7 +226,9 @@ impl Qwen2Config {
             }
             if let Some(kind) = &q.bnb_4bit_quant_type {
                 if kind != "nf4" {
-                    return Err(format!("`bnb_4bit_quant_type` `{kind}` is not supported (only nf4)"));
+                    return Err(format!(
+                        "`bnb_4bit_quant_type` `{kind}` is not supported (only nf4)"
+                    ));
                 }
             }
         }
@@ -235,7 +256,10 @@ impl Qwen2Config {
 
     /// End-of-sequence ids named by the config.
     pub fn eos_ids(&self) -> Vec<u32> {
-        self.eos_token_id.as_ref().map(TokenIds::to_vec).unwrap_or_default()
+        self.eos_token_id
+            .as_ref()
+            .map(TokenIds::to_vec)
+            .unwrap_or_default()
     }
 
     /// A config with the given shape and Qwen2 defaults, for randomly initialised models.
@@ -305,14 +329,20 @@ mod tests {
     fn rope_theta_in_either_place() {
         let a = parse(&format!("{{{BASE}, \"rope_theta\": 5.0}}")).unwrap();
         assert_eq!(a.rope_base(), 5.0);
-        let b = parse(&format!("{{{BASE}, \"rope_parameters\": {{\"rope_theta\": 7.0, \"rope_type\": \"default\"}}}}")).unwrap();
+        let b = parse(&format!(
+            "{{{BASE}, \"rope_parameters\": {{\"rope_theta\": 7.0, \"rope_type\": \"default\"}}}}"
+        ))
+        .unwrap();
         assert_eq!(b.rope_base(), 7.0);
     }
 
     #[test]
     fn unknown_fields_tolerated_unsupported_rejected() {
         assert!(parse(&format!("{{{BASE}, \"some_new_field\": [1, 2]}}")).is_ok());
-        let err = parse(&format!("{{{BASE}, \"rope_scaling\": {{\"type\": \"yarn\", \"factor\": 4.0}}}}")).unwrap_err();
+        let err = parse(&format!(
+            "{{{BASE}, \"rope_scaling\": {{\"type\": \"yarn\", \"factor\": 4.0}}}}"
+        ))
+        .unwrap_err();
         assert!(err.contains("rope_scaling"), "{err}");
         let err = parse(&format!("{{{BASE}, \"num_key_value_heads\": 3}}")).unwrap_err();
         assert!(err.contains("num_key_value_heads"), "{err}");

@@ -100,6 +100,9 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), error: source }
+        Self::Io {
+            path: path.into(),
+            error: source,
+        }
     }
 }

@@ -104,17 +104,28 @@ pub fn generate<B: Nf4Backend>(
     device: &B::Device,
 ) -> Result<Generated> {
     if prompts.is_empty() {
-        return Ok(Generated { tokens: vec![], logprobs: vec![], finish: vec![] });
+        return Ok(Generated {
+            tokens: vec![],
+            logprobs: vec![],
+            finish: vec![],
+        });
     }
     if let Some(i) = prompts.iter().position(Vec::is_empty) {
         return Err(ModelError::Input(format!("prompt {i} is empty")));
     }
-    if let Sampling::Sample { temperature, top_p, .. } = config.sampling {
+    if let Sampling::Sample {
+        temperature, top_p, ..
+    } = config.sampling
+    {
         if !(temperature > 0.0 && temperature.is_finite()) {
-            return Err(ModelError::Input(format!("temperature must be positive, got {temperature}")));
+            return Err(ModelError::Input(format!(
+                "temperature must be positive, got {temperature}"
+            )));
         }
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ModelError::Input(format!("top_p must be in (0, 1], got {top_p}")));
+            return Err(ModelError::Input(format!(
+                "top_p must be in (0, 1], got {top_p}"
+            )));
         }
     }
     if !config.stop_strings.is_empty() && tokenizer.is_none() {
@@ -123,16 +134,31 @@ pub fn generate<B: Nf4Backend>(
     let n = prompts.len();
     let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
     // Left-pad with token 0 (masked out).
-    let mut seqs: Vec<Vec<u32>> = prompts.iter().map(|p| [vec![0; width - p.len()], p.clone()].concat()).collect();
-    let mut masks: Vec<Vec<u8>> = prompts.iter().map(|p| [vec![0u8; width - p.len()], vec![1u8; p.len()]].concat()).collect();
-    let mut out = Generated { tokens: vec![vec![]; n], logprobs: vec![vec![]; n], finish: vec![FinishReason::Length; n] };
+    let mut seqs: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| [vec![0; width - p.len()], p.clone()].concat())
+        .collect();
+    let mut masks: Vec<Vec<u8>> = prompts
+        .iter()
+        .map(|p| [vec![0u8; width - p.len()], vec![1u8; p.len()]].concat())
+        .collect();
+    let mut out = Generated {
+        tokens: vec![vec![]; n],
+        logprobs: vec![vec![]; n],
+        finish: vec![FinishReason::Length; n],
+    };
     if config.max_new_tokens == 0 {
         return Ok(out);
     }
     let mut rng = StdRng::seed_from_u64(config.seed);
     let mut active: Vec<usize> = (0..n).collect();
     let mut cache = config.use_cache.then(|| model.new_cache());
-    let max_stop = config.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
+    let max_stop = config
+        .stop_strings
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0);
 
     // First step: the whole (padded) prompt.
     let mut logits = last_logits(model, &seqs, &masks, 0, cache.as_mut(), device)?;
@@ -149,7 +175,9 @@ pub fn generate<B: Nf4Backend>(
             masks[row].push(1);
             if config.eos_ids.contains(&token) {
                 out.finish[row] = FinishReason::Eos;
-            } else if let Some(stop) = stop_hit(tokenizer, &out.tokens[row], &config.stop_strings, max_stop) {
+            } else if let Some(stop) =
+                stop_hit(tokenizer, &out.tokens[row], &config.stop_strings, max_stop)
+            {
                 out.finish[row] = FinishReason::Stop { text: stop };
             } else {
                 still.push(slot);
@@ -209,7 +237,12 @@ fn choose(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> (u32, f32) {
     };
     let scaled: Vec<f32> = logits.iter().map(|l| l / temperature).collect();
     let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_z = max + scaled.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let log_z = max
+        + scaled
+            .iter()
+            .map(|l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     let token = match sampling {
         Sampling::Greedy => {
             let mut best = 0;
@@ -226,7 +259,10 @@ fn choose(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> (u32, f32) {
             if top_k > 0 {
                 order.truncate(top_k);
             }
-            let probs: Vec<f64> = order.iter().map(|&i| ((scaled[i] - max) as f64).exp()).collect();
+            let probs: Vec<f64> = order
+                .iter()
+                .map(|&i| ((scaled[i] - max) as f64).exp())
+                .collect();
             let total: f64 = probs.iter().sum();
             // nucleus: the smallest prefix whose mass reaches top_p
             let mut keep = probs.len();
@@ -256,7 +292,12 @@ fn choose(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> (u32, f32) {
 
 /// The stop string the generated tokens now contain, if any. Only the tail of the text is
 /// decoded (enough tokens to cover the longest stop string), so the check stays cheap.
-fn stop_hit(tokenizer: Option<&Tokenizer>, tokens: &[u32], stops: &[String], max_stop: usize) -> Option<String> {
+fn stop_hit(
+    tokenizer: Option<&Tokenizer>,
+    tokens: &[u32],
+    stops: &[String],
+    max_stop: usize,
+) -> Option<String> {
     let tokenizer = tokenizer?;
     if stops.is_empty() {
         return None;
@@ -283,7 +324,9 @@ pub fn sequence_logprobs<B: Nf4Backend>(
 ) -> Result<Tensor<B, 2>> {
     let seq = ids.first().map(Vec::len).unwrap_or(0);
     if seq < 2 {
-        return Err(ModelError::Input("sequences need at least two tokens".into()));
+        return Err(ModelError::Input(
+            "sequences need at least two tokens".into(),
+        ));
     }
     let input = model.step_input(ids, mask, 0, device)?;
     let logits = model.forward(&input, None);
@@ -295,11 +338,25 @@ pub fn sequence_logprobs<B: Nf4Backend>(
 /// # Shapes
 /// - `logits`: `[batch, seq, vocab]`
 /// - output: `[batch, seq - 1]`
-pub fn token_logprobs<B: Backend>(logits: Tensor<B, 3>, ids: &[Vec<u32>], temperature: f32, device: &B::Device) -> Tensor<B, 2> {
+pub fn token_logprobs<B: Backend>(
+    logits: Tensor<B, 3>,
+    ids: &[Vec<u32>],
+    temperature: f32,
+    device: &B::Device,
+) -> Tensor<B, 2> {
     let [batch, seq, vocab] = logits.dims();
-    let logp = log_softmax(logits.slice([0..batch, 0..seq - 1, 0..vocab]).div_scalar(temperature), 2);
-    let targets: Vec<i64> = ids.iter().flat_map(|row| row[1..].iter().map(|&t| t as i64)).collect();
-    let targets = Tensor::<B, 3, Int>::from_data(TensorData::new(targets, [batch, seq - 1, 1]), device);
+    let logp = log_softmax(
+        logits
+            .slice([0..batch, 0..seq - 1, 0..vocab])
+            .div_scalar(temperature),
+        2,
+    );
+    let targets: Vec<i64> = ids
+        .iter()
+        .flat_map(|row| row[1..].iter().map(|&t| t as i64))
+        .collect();
+    let targets =
+        Tensor::<B, 3, Int>::from_data(TensorData::new(targets, [batch, seq - 1, 1]), device);
     logp.gather(2, targets).reshape([batch, seq - 1])
 }
 
@@ -321,13 +378,32 @@ mod tests {
         let logits = [0.5, 3.0, 1.0, 2.9];
         let mut rng = StdRng::seed_from_u64(7);
         for _ in 0..20 {
-            let (t, _) = choose(&logits, Sampling::Sample { temperature: 1.0, top_p: 1.0, top_k: 1 }, &mut rng);
+            let (t, _) = choose(
+                &logits,
+                Sampling::Sample {
+                    temperature: 1.0,
+                    top_p: 1.0,
+                    top_k: 1,
+                },
+                &mut rng,
+            );
             assert_eq!(t, 1);
         }
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
             (0..50)
-                .map(|_| choose(&logits, Sampling::Sample { temperature: 1.5, top_p: 0.9, top_k: 0 }, &mut rng).0)
+                .map(|_| {
+                    choose(
+                        &logits,
+                        Sampling::Sample {
+                            temperature: 1.5,
+                            top_p: 0.9,
+                            top_k: 0,
+                        },
+                        &mut rng,
+                    )
+                    .0
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(3), draw(3));
@@ -340,7 +416,15 @@ mod tests {
         let logits = [4.0, 2.0, 0.0, 0.0];
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..50 {
-            let (t, _) = choose(&logits, Sampling::Sample { temperature: 1.0, top_p: 0.5, top_k: 0 }, &mut rng);
+            let (t, _) = choose(
+                &logits,
+                Sampling::Sample {
+                    temperature: 1.0,
+                    top_p: 0.5,
+                    top_k: 0,
+                },
+                &mut rng,
+            );
             assert_eq!(t, 0);
         }
     }

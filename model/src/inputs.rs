@@ -91,12 +91,18 @@ impl<B: Backend> StepInput<B> {
             return Err(ModelError::Input("empty batch or sequence".into()));
         }
         if mask.len() != batch {
-            return Err(ModelError::Input(format!("{} mask rows for {batch} sequences", mask.len())));
+            return Err(ModelError::Input(format!(
+                "{} mask rows for {batch} sequences",
+                mask.len()
+            )));
         }
         let total = past + seq;
         for (b, (row, m)) in ids.iter().zip(mask).enumerate() {
             if row.len() != seq {
-                return Err(ModelError::Input(format!("row {b} has {} tokens, row 0 has {seq}", row.len())));
+                return Err(ModelError::Input(format!(
+                    "row {b} has {} tokens, row 0 has {seq}",
+                    row.len()
+                )));
             }
             if m.len() != total {
                 return Err(ModelError::Input(format!(
@@ -105,13 +111,18 @@ impl<B: Backend> StepInput<B> {
                 )));
             }
             if let Some(&bad) = row.iter().find(|&&t| t as usize >= config.vocab_size) {
-                return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary ({})", config.vocab_size)));
+                return Err(ModelError::Input(format!(
+                    "token id {bad} is outside the vocabulary ({})",
+                    config.vocab_size
+                )));
             }
         }
         let head_dim = config.head_dim();
         let half = head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
-            .map(|i| rope.round(1.0 / (config.rope_base() as f32).powf((2 * i) as f32 / head_dim as f32)))
+            .map(|i| {
+                rope.round(1.0 / (config.rope_base() as f32).powf((2 * i) as f32 / head_dim as f32))
+            })
             .collect();
         let (heads, kv_heads) = (config.num_attention_heads, config.num_kv_heads());
         // One row's tables, then repeated per head.
@@ -128,7 +139,13 @@ impl<B: Backend> StepInput<B> {
                     sin.extend(angles.iter().map(|a| (*a as f64).sin() as f32));
                 }
                 let query = past + q;
-                bias.extend((0..total).map(|k| if k <= query && m[k] != 0 { 0.0 } else { f32::MIN }));
+                bias.extend((0..total).map(|k| {
+                    if k <= query && m[k] != 0 {
+                        0.0
+                    } else {
+                        f32::MIN
+                    }
+                }));
             }
         }
         let per_head = |values: &[f32], n: usize, width: usize| -> Vec<f32> {
@@ -141,7 +158,9 @@ impl<B: Backend> StepInput<B> {
             }
             out
         };
-        let table = |values: Vec<f32>, n: usize, width: usize| Tensor::from_data(TensorData::new(values, [batch, n, seq, width]), device);
+        let table = |values: Vec<f32>, n: usize, width: usize| {
+            Tensor::from_data(TensorData::new(values, [batch, n, seq, width]), device)
+        };
         let ids: Vec<i64> = ids.iter().flatten().map(|&t| t as i64).collect();
         Ok(Self {
             input_ids: Tensor::from_data(TensorData::new(ids, [batch, seq]), device),
@@ -180,7 +199,10 @@ mod tests {
 
     #[test]
     fn positions_follow_transformers() {
-        assert_eq!(positions_from_mask(&[0, 0, 0, 1, 1, 1]), vec![1, 1, 1, 0, 1, 2]);
+        assert_eq!(
+            positions_from_mask(&[0, 0, 0, 1, 1, 1]),
+            vec![1, 1, 1, 0, 1, 2]
+        );
         assert_eq!(positions_from_mask(&[1, 1, 1]), vec![0, 1, 2]);
     }
 }

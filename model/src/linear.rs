@@ -10,8 +10,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::lora::Lora;
-use crate::nf4::format::{quantize_nf4, BLOCK, NF4_CODE};
-use crate::nf4::{codes_bytes, codes_tensor, Nf4Backend};
+use crate::nf4::format::{BLOCK, NF4_CODE, quantize_nf4};
+use crate::nf4::{Nf4Backend, codes_bytes, codes_tensor};
 
 /// An NF4-quantized `[rows, cols]` weight kept packed on the device.
 #[derive(Module, Debug)]
@@ -37,7 +37,13 @@ impl<B: Backend> Nf4Weight<B> {
     }
 
     /// Uploads packed bytes and f32 absmax.
-    pub fn from_parts(packed: &[u8], absmax: &[f32], rows: usize, cols: usize, device: &B::Device) -> Self {
+    pub fn from_parts(
+        packed: &[u8],
+        absmax: &[f32],
+        rows: usize,
+        cols: usize,
+        device: &B::Device,
+    ) -> Self {
         debug_assert_eq!(packed.len(), (rows * cols).div_ceil(2));
         debug_assert_eq!(absmax.len(), (rows * cols).div_ceil(BLOCK));
         Self {
@@ -92,7 +98,11 @@ pub struct Linear<B: Backend> {
 impl<B: Backend> Linear<B> {
     /// A projection with a dense base.
     pub fn dense(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Self {
-        Self { weight: BaseWeight::Dense(weight), bias, lora: None }
+        Self {
+            weight: BaseWeight::Dense(weight),
+            bias,
+            lora: None,
+        }
     }
 
     /// `[out_features, in_features]`.
@@ -160,7 +170,11 @@ impl<B: Nf4Backend> Linear<B> {
     pub fn merge(self) -> Self {
         let Some(lora) = &self.lora else { return self };
         let merged = self.dense_weight() + lora.delta_weight();
-        Self { weight: BaseWeight::Dense(merged), bias: self.bias, lora: None }
+        Self {
+            weight: BaseWeight::Dense(merged),
+            bias: self.bias,
+            lora: None,
+        }
     }
 }
 
@@ -176,13 +190,22 @@ mod tests {
     fn nf4_and_dense_bases_agree_after_dequantization() {
         let device = Default::default();
         let (rows, cols) = (32, 128);
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 13 % 97) as f32 - 48.0) / 200.0).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 13 % 97) as f32 - 48.0) / 200.0)
+            .collect();
         let nf4 = Nf4Weight::<B>::quantize(&w, rows, cols, &device);
         let dense = Linear::dense(nf4.dequantize(), None);
-        let quant = Linear { weight: BaseWeight::Nf4(nf4), bias: None, lora: None };
+        let quant = Linear {
+            weight: BaseWeight::Nf4(nf4),
+            bias: None,
+            lora: None,
+        };
         for seq in [1, 20] {
             let x = Tensor::<B, 3>::random([2, seq, cols], Distribution::Default, &device);
-            let diff = (dense.forward(x.clone()) - quant.forward(x)).abs().max().into_scalar();
+            let diff = (dense.forward(x.clone()) - quant.forward(x))
+                .abs()
+                .max()
+                .into_scalar();
             assert!(diff < 1e-4, "seq {seq}: {diff}");
         }
     }
@@ -190,10 +213,16 @@ mod tests {
     #[test]
     fn bias_is_added() {
         let device = Default::default();
-        let w = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2]), &device);
+        let w = Tensor::<B, 2>::from_data(
+            TensorData::new(vec![1.0f32, 0.0, 0.0, 1.0], [2, 2]),
+            &device,
+        );
         let bias = Tensor::<B, 1>::from_floats([10.0, 20.0], &device);
         let lin = Linear::dense(w, Some(bias));
         let x = Tensor::<B, 3>::from_data(TensorData::new(vec![1.0f32, 2.0], [1, 1, 2]), &device);
-        assert_eq!(lin.forward(x).into_data().to_vec::<f32>().unwrap(), vec![11.0, 22.0]);
+        assert_eq!(
+            lin.forward(x).into_data().to_vec::<f32>().unwrap(),
+            vec![11.0, 22.0]
+        );
     }
 }

@@ -14,8 +14,10 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::linear::{BaseWeight, Linear, Nf4Weight};
-use crate::nf4::format::{dequantize_absmax, BLOCK, NF4_CODE};
-use crate::qwen2::{Attention, DecoderLayer, Embedding, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm};
+use crate::nf4::format::{BLOCK, NF4_CODE, dequantize_absmax};
+use crate::qwen2::{
+    Attention, DecoderLayer, Embedding, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
+};
 
 /// Options for loading a checkpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,23 +42,49 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
     /// Loads `config.json` and the weights from a Hugging Face model directory.
     pub fn load(dir: &Path, device: &B::Device, options: LoadOptions) -> Result<Self> {
         if !dir.is_dir() {
-            return Err(ModelError::io(dir, std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found")));
+            return Err(ModelError::io(
+                dir,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
+            ));
         }
         let config = Qwen2Config::from_file(&dir.join("config.json"))?;
         let ck = Checkpoint::open_dir(dir)?;
         let (hidden, inter) = (config.hidden_size, config.intermediate_size);
-        let (heads, kv, d) = (config.num_attention_heads, config.num_kv_heads(), config.head_dim());
+        let (heads, kv, d) = (
+            config.num_attention_heads,
+            config.num_kv_heads(),
+            config.head_dim(),
+        );
         let dense = |name: &str, shape: &[usize]| -> Result<Tensor<B, 2>> {
             let values = ck.f32(name, shape)?;
-            Ok(Tensor::from_data(TensorData::new(values, [shape[0], shape[1]]), device))
+            Ok(Tensor::from_data(
+                TensorData::new(values, [shape[0], shape[1]]),
+                device,
+            ))
         };
         let vector = |name: &str, len: usize| -> Result<Tensor<B, 1>> {
-            Ok(Tensor::from_data(TensorData::new(ck.f32(name, &[len])?, [len]), device))
+            Ok(Tensor::from_data(
+                TensorData::new(ck.f32(name, &[len])?, [len]),
+                device,
+            ))
         };
-        let projection = |path: &str, rows: usize, cols: usize, bias: bool, quantize: bool| -> Result<Linear<B>> {
+        let projection = |path: &str,
+                          rows: usize,
+                          cols: usize,
+                          bias: bool,
+                          quantize: bool|
+         -> Result<Linear<B>> {
             let weight = load_base::<B>(&ck, path, rows, cols, quantize, device)?;
-            let bias = if bias { Some(vector(&format!("{path}.bias"), rows)?) } else { None };
-            Ok(Linear { weight, bias, lora: None })
+            let bias = if bias {
+                Some(vector(&format!("{path}.bias"), rows)?)
+            } else {
+                None
+            };
+            Ok(Linear {
+                weight,
+                bias,
+                lora: None,
+            })
         };
         let q = options.quantize_nf4;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
@@ -64,10 +92,22 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             let p = format!("model.layers.{i}");
             layers.push(DecoderLayer {
                 self_attn: Attention {
-                    q_proj: projection(&format!("{p}.self_attn.q_proj"), heads * d, hidden, true, q)?,
+                    q_proj: projection(
+                        &format!("{p}.self_attn.q_proj"),
+                        heads * d,
+                        hidden,
+                        true,
+                        q,
+                    )?,
                     k_proj: projection(&format!("{p}.self_attn.k_proj"), kv * d, hidden, true, q)?,
                     v_proj: projection(&format!("{p}.self_attn.v_proj"), kv * d, hidden, true, q)?,
-                    o_proj: projection(&format!("{p}.self_attn.o_proj"), hidden, heads * d, false, q)?,
+                    o_proj: projection(
+                        &format!("{p}.self_attn.o_proj"),
+                        hidden,
+                        heads * d,
+                        false,
+                        q,
+                    )?,
                     num_heads: heads,
                     num_kv_heads: kv,
                     head_dim: d,
@@ -77,7 +117,10 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
                     up_proj: projection(&format!("{p}.mlp.up_proj"), inter, hidden, false, q)?,
                     down_proj: projection(&format!("{p}.mlp.down_proj"), hidden, inter, false, q)?,
                 },
-                input_layernorm: RmsNorm { weight: vector(&format!("{p}.input_layernorm.weight"), hidden)?, eps: config.rms_norm_eps },
+                input_layernorm: RmsNorm {
+                    weight: vector(&format!("{p}.input_layernorm.weight"), hidden)?,
+                    eps: config.rms_norm_eps,
+                },
                 post_attention_layernorm: RmsNorm {
                     weight: vector(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
                     eps: config.rms_norm_eps,
@@ -87,19 +130,38 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
         let has_head = ck.contains("lm_head.weight");
         let lm_head = if config.tie_word_embeddings || !has_head {
             if !config.tie_word_embeddings {
-                tracing::warn!("{}: no lm_head.weight; tying the output to the embeddings", dir.display());
+                tracing::warn!(
+                    "{}: no lm_head.weight; tying the output to the embeddings",
+                    dir.display()
+                );
             }
             None
         } else {
             // bitsandbytes leaves lm_head unquantized unless asked; read it as it is stored.
-            Some(projection("lm_head", config.vocab_size, hidden, false, false)?)
+            Some(projection(
+                "lm_head",
+                config.vocab_size,
+                hidden,
+                false,
+                false,
+            )?)
         };
         let model = Qwen2Model {
-            embed_tokens: Embedding { weight: dense("model.embed_tokens.weight", &[config.vocab_size, hidden])? },
+            embed_tokens: Embedding {
+                weight: dense("model.embed_tokens.weight", &[config.vocab_size, hidden])?,
+            },
             layers,
-            norm: RmsNorm { weight: vector("model.norm.weight", hidden)?, eps: config.rms_norm_eps },
+            norm: RmsNorm {
+                weight: vector("model.norm.weight", hidden)?,
+                eps: config.rms_norm_eps,
+            },
         };
-        Ok(Self { model, lm_head, config, rope_frequencies: Default::default() })
+        Ok(Self {
+            model,
+            lm_head,
+            config,
+            rope_frequencies: Default::default(),
+        })
     }
 
     /// A model with the given shape and random weights (weights and biases N(0, 0.02), norm
@@ -107,10 +169,18 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
     /// and benchmarks.
     pub fn random(config: Qwen2Config, seed: u64, quantize_nf4: bool, device: &B::Device) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
-        build(config, device, |len, kind| match kind {
-            Init::Norm => normal(&mut rng, len, 0.02).into_iter().map(|v| 1.0 + v).collect(),
-            Init::Weight | Init::Bias => normal(&mut rng, len, 0.02),
-        }, quantize_nf4)
+        build(
+            config,
+            device,
+            |len, kind| match kind {
+                Init::Norm => normal(&mut rng, len, 0.02)
+                    .into_iter()
+                    .map(|v| 1.0 + v)
+                    .collect(),
+                Init::Weight | Init::Bias => normal(&mut rng, len, 0.02),
+            },
+            quantize_nf4,
+        )
     }
 
     /// A model with the given shape and all-zero weights; allocation is lazy on the host, so this
@@ -149,9 +219,16 @@ fn build<B: Backend>(
     quantize: bool,
 ) -> Qwen2ForCausalLM<B> {
     let (hidden, inter) = (config.hidden_size, config.intermediate_size);
-    let (heads, kv, d) = (config.num_attention_heads, config.num_kv_heads(), config.head_dim());
+    let (heads, kv, d) = (
+        config.num_attention_heads,
+        config.num_kv_heads(),
+        config.head_dim(),
+    );
     let mut tensor2 = |rows: usize, cols: usize| {
-        Tensor::<B, 2>::from_data(TensorData::new(values(rows * cols, Init::Weight), [rows, cols]), device)
+        Tensor::<B, 2>::from_data(
+            TensorData::new(values(rows * cols, Init::Weight), [rows, cols]),
+            device,
+        )
     };
     let mut layers_raw = Vec::new();
     for _ in 0..config.num_hidden_layers {
@@ -167,13 +244,19 @@ fn build<B: Backend>(
     }
     let embed = tensor2(config.vocab_size, hidden);
     let head = (!config.tie_word_embeddings).then(|| tensor2(config.vocab_size, hidden));
-    let mut vector = |len: usize, kind: Init| Tensor::<B, 1>::from_data(TensorData::new(values(len, kind), [len]), device);
+    let mut vector = |len: usize, kind: Init| {
+        Tensor::<B, 1>::from_data(TensorData::new(values(len, kind), [len]), device)
+    };
     let eps = config.rms_norm_eps;
     let linear = |w: Tensor<B, 2>, bias: Option<Tensor<B, 1>>| {
         if quantize {
             let [rows, cols] = w.dims();
             let host = w.into_data().to_vec::<f32>().expect("f32 weights");
-            Linear { weight: BaseWeight::Nf4(Nf4Weight::quantize(&host, rows, cols, device)), bias, lora: None }
+            Linear {
+                weight: BaseWeight::Nf4(Nf4Weight::quantize(&host, rows, cols, device)),
+                bias,
+                lora: None,
+            }
         } else {
             Linear::dense(w, bias)
         }
@@ -190,14 +273,31 @@ fn build<B: Backend>(
                 num_kv_heads: kv,
                 head_dim: d,
             },
-            mlp: Mlp { gate_proj: linear(g, None), up_proj: linear(u, None), down_proj: linear(dn, None) },
-            input_layernorm: RmsNorm { weight: vector(hidden, Init::Norm), eps },
-            post_attention_layernorm: RmsNorm { weight: vector(hidden, Init::Norm), eps },
+            mlp: Mlp {
+                gate_proj: linear(g, None),
+                up_proj: linear(u, None),
+                down_proj: linear(dn, None),
+            },
+            input_layernorm: RmsNorm {
+                weight: vector(hidden, Init::Norm),
+                eps,
+            },
+            post_attention_layernorm: RmsNorm {
+                weight: vector(hidden, Init::Norm),
+                eps,
+            },
         })
         .collect();
-    let norm = RmsNorm { weight: vector(hidden, Init::Norm), eps };
+    let norm = RmsNorm {
+        weight: vector(hidden, Init::Norm),
+        eps,
+    };
     Qwen2ForCausalLM {
-        model: Qwen2Model { embed_tokens: Embedding { weight: embed }, layers, norm },
+        model: Qwen2Model {
+            embed_tokens: Embedding { weight: embed },
+            layers,
+            norm,
+        },
         lm_head: head.map(|w| Linear::dense(w, None)),
         config,
         rope_frequencies: Default::default(),
@@ -206,7 +306,14 @@ fn build<B: Backend>(
 
 /// Loads one projection's base weight: bitsandbytes NF4 when the checkpoint holds its
 /// quantization state, dense otherwise (quantized here when asked).
-fn load_base<B: Backend>(ck: &Checkpoint, path: &str, rows: usize, cols: usize, quantize: bool, device: &B::Device) -> Result<BaseWeight<B>> {
+fn load_base<B: Backend>(
+    ck: &Checkpoint,
+    path: &str,
+    rows: usize,
+    cols: usize,
+    quantize: bool,
+    device: &B::Device,
+) -> Result<BaseWeight<B>> {
     let name = format!("{path}.weight");
     let state_key = format!("{name}.quant_state.bitsandbytes__nf4");
     if ck.contains(&state_key) {
@@ -214,34 +321,69 @@ fn load_base<B: Backend>(ck: &Checkpoint, path: &str, rows: usize, cols: usize, 
     }
     for suffix in ["quant_state.bitsandbytes__fp4", "SCB"] {
         if ck.contains(&format!("{name}.{suffix}")) {
-            return Err(ModelError::Nf4 { name, message: format!("`{suffix}` found: only NF4 bitsandbytes checkpoints are supported") });
+            return Err(ModelError::Nf4 {
+                name,
+                message: format!(
+                    "`{suffix}` found: only NF4 bitsandbytes checkpoints are supported"
+                ),
+            });
         }
     }
     let values = ck.f32(&name, &[rows, cols])?;
     if quantize {
-        Ok(BaseWeight::Nf4(Nf4Weight::quantize(&values, rows, cols, device)))
+        Ok(BaseWeight::Nf4(Nf4Weight::quantize(
+            &values, rows, cols, device,
+        )))
     } else {
-        Ok(BaseWeight::Dense(Tensor::from_data(TensorData::new(values, [rows, cols]), device)))
+        Ok(BaseWeight::Dense(Tensor::from_data(
+            TensorData::new(values, [rows, cols]),
+            device,
+        )))
     }
 }
 
-fn load_nf4<B: Backend>(ck: &Checkpoint, name: &str, state_key: &str, rows: usize, cols: usize, device: &B::Device) -> Result<Nf4Weight<B>> {
-    let err = |message: String| ModelError::Nf4 { name: name.to_string(), message };
+fn load_nf4<B: Backend>(
+    ck: &Checkpoint,
+    name: &str,
+    state_key: &str,
+    rows: usize,
+    cols: usize,
+    device: &B::Device,
+) -> Result<Nf4Weight<B>> {
+    let err = |message: String| ModelError::Nf4 {
+        name: name.to_string(),
+        message,
+    };
     let (_, state_bytes) = ck.u8(state_key)?;
-    let state: QuantState = serde_json::from_slice(state_bytes).map_err(|e| err(format!("unreadable quant_state: {e}")))?;
+    let state: QuantState = serde_json::from_slice(state_bytes)
+        .map_err(|e| err(format!("unreadable quant_state: {e}")))?;
     if state.quant_type != "nf4" {
-        return Err(err(format!("quant_type is `{}`, only nf4 is supported", state.quant_type)));
+        return Err(err(format!(
+            "quant_type is `{}`, only nf4 is supported",
+            state.quant_type
+        )));
     }
     if state.blocksize != BLOCK {
-        return Err(err(format!("blocksize {} is not supported (only {BLOCK})", state.blocksize)));
+        return Err(err(format!(
+            "blocksize {} is not supported (only {BLOCK})",
+            state.blocksize
+        )));
     }
     if state.shape != [rows, cols] {
-        return Err(ModelError::Shape { name: name.to_string(), found: state.shape, expected: vec![rows, cols] });
+        return Err(ModelError::Shape {
+            name: name.to_string(),
+            found: state.shape,
+            expected: vec![rows, cols],
+        });
     }
     let n = rows * cols;
     let (_, packed) = ck.u8(name)?;
     if packed.len() != n.div_ceil(2) {
-        return Err(err(format!("{} packed bytes for {n} weights (expected {})", packed.len(), n.div_ceil(2))));
+        return Err(err(format!(
+            "{} packed bytes for {n} weights (expected {})",
+            packed.len(),
+            n.div_ceil(2)
+        )));
     }
     let quant_map = ck.f32(&format!("{name}.quant_map"), &[16])?;
     if quant_map != NF4_CODE {
@@ -251,14 +393,21 @@ fn load_nf4<B: Backend>(ck: &Checkpoint, name: &str, state_key: &str, rows: usiz
     let absmax_key = format!("{name}.absmax");
     let raw = ck.raw(&absmax_key)?;
     let absmax = if raw.dtype == safetensors::Dtype::U8 {
-        let offset = state.nested_offset.ok_or_else(|| err("double-quantized absmax without nested_offset".into()))?;
+        let offset = state
+            .nested_offset
+            .ok_or_else(|| err("double-quantized absmax without nested_offset".into()))?;
         if let Some(nb) = state.nested_blocksize {
             if nb != crate::nf4::format::NESTED_BLOCK {
-                return Err(err(format!("nested blocksize {nb} is not supported (only 256)")));
+                return Err(err(format!(
+                    "nested blocksize {nb} is not supported (only 256)"
+                )));
             }
         }
         if raw.data.len() != blocks {
-            return Err(err(format!("{} absmax codes for {blocks} blocks", raw.data.len())));
+            return Err(err(format!(
+                "{} absmax codes for {blocks} blocks",
+                raw.data.len()
+            )));
         }
         let nested_blocks = blocks.div_ceil(crate::nf4::format::NESTED_BLOCK);
         let nested = ck.f32(&format!("{name}.nested_absmax"), &[nested_blocks])?;

@@ -85,7 +85,13 @@ pub struct LoraSettings {
 impl LoraSettings {
     /// The reference system's adapter: r = 16, alpha = 32, all seven projections.
     pub fn reference() -> Self {
-        Self { rank: 16, alpha: 32.0, dropout: 0.0, rslora: false, targets: Target::ALL.to_vec() }
+        Self {
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.0,
+            rslora: false,
+            targets: Target::ALL.to_vec(),
+        }
     }
 
     /// The factor the adapter's output is multiplied by.
@@ -102,7 +108,10 @@ impl LoraSettings {
             return Err(format!("lora.alpha must be positive, got {}", self.alpha));
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return Err(format!("lora.dropout must be in [0, 1), got {}", self.dropout));
+            return Err(format!(
+                "lora.dropout must be in [0, 1), got {}",
+                self.dropout
+            ));
         }
         if self.targets.is_empty() {
             return Err("lora.targets is empty".into());
@@ -113,7 +122,11 @@ impl LoraSettings {
 
 /// `alpha / r`, or `alpha / sqrt(r)` with rsLoRA.
 pub fn lora_scale(alpha: f64, rank: usize, rslora: bool) -> f64 {
-    if rslora { alpha / (rank as f64).sqrt() } else { alpha / rank as f64 }
+    if rslora {
+        alpha / (rank as f64).sqrt()
+    } else {
+        alpha / rank as f64
+    }
 }
 
 /// A LoRA adapter on one projection.
@@ -134,17 +147,31 @@ pub struct Lora<B: Backend> {
 impl<B: Backend> Lora<B> {
     /// A fresh adapter: A drawn uniformly from ±1/sqrt(in_features) (PyTorch's kaiming-uniform
     /// with a = sqrt(5), PEFT's default), B zero, so the adapter starts as a no-op.
-    pub fn init(in_features: usize, out_features: usize, settings: &LoraSettings, rng: &mut StdRng, device: &B::Device) -> Self {
+    pub fn init(
+        in_features: usize,
+        out_features: usize,
+        settings: &LoraSettings,
+        rng: &mut StdRng,
+        device: &B::Device,
+    ) -> Self {
         let rank = settings.rank;
         let bound = 1.0 / (in_features as f64).sqrt();
-        let a: Vec<f32> = (0..rank * in_features).map(|_| rng.random_range(-bound..bound) as f32).collect();
+        let a: Vec<f32> = (0..rank * in_features)
+            .map(|_| rng.random_range(-bound..bound) as f32)
+            .collect();
         let a = Tensor::from_data(TensorData::new(a, [rank, in_features]), device);
         let b = Tensor::zeros([out_features, rank], device);
         Self::from_weights(a, b, settings.alpha, settings.rslora, settings.dropout)
     }
 
     /// An adapter from given weights (`a` `[r, in]`, `b` `[out, r]`).
-    pub fn from_weights(a: Tensor<B, 2>, b: Tensor<B, 2>, alpha: f64, rslora: bool, dropout: f64) -> Self {
+    pub fn from_weights(
+        a: Tensor<B, 2>,
+        b: Tensor<B, 2>,
+        alpha: f64,
+        rslora: bool,
+        dropout: f64,
+    ) -> Self {
         Self {
             lora_a: Param::from_tensor(a),
             lora_b: Param::from_tensor(b),
@@ -174,7 +201,10 @@ impl<B: Backend> Lora<B> {
 
     /// The dense update `scale · B · A`, `[out, in]`.
     pub fn delta_weight(&self) -> Tensor<B, 2> {
-        self.lora_b.val().matmul(self.lora_a.val()).mul_scalar(self.scale())
+        self.lora_b
+            .val()
+            .matmul(self.lora_a.val())
+            .mul_scalar(self.scale())
     }
 }
 

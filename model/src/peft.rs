@@ -16,7 +16,7 @@ use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{write_atomic, write_safetensors, Checkpoint, OutTensor};
+use crate::checkpoint::{Checkpoint, OutTensor, write_atomic, write_safetensors};
 use crate::error::{ModelError, Result};
 use crate::lora::{Lora, LoraSettings, Target};
 use crate::qwen2::Qwen2ForCausalLM;
@@ -100,10 +100,16 @@ impl AdapterConfig {
     /// Refuses settings that would change the computation in ways this crate does not implement.
     fn check_supported(&self) -> std::result::Result<(), String> {
         if self.peft_type != "LORA" {
-            return Err(format!("peft_type is `{}`, only LORA is supported", self.peft_type));
+            return Err(format!(
+                "peft_type is `{}`, only LORA is supported",
+                self.peft_type
+            ));
         }
         if !(0.0..1.0).contains(&self.lora_dropout) {
-            return Err(format!("lora_dropout {} is outside [0, 1)", self.lora_dropout));
+            return Err(format!(
+                "lora_dropout {} is outside [0, 1)",
+                self.lora_dropout
+            ));
         }
         if self.r == 0 {
             return Err("r must be positive".into());
@@ -123,12 +129,18 @@ impl AdapterConfig {
         if self.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()) {
             return Err("modules_to_save: fully trained extra modules are not supported".into());
         }
-        if self.target_parameters.as_ref().is_some_and(|m| !m.is_empty()) {
+        if self
+            .target_parameters
+            .as_ref()
+            .is_some_and(|m| !m.is_empty())
+        {
             return Err("target_parameters are not supported".into());
         }
         for key in self.alpha_pattern.keys().chain(self.rank_pattern.keys()) {
             if key.chars().any(|c| "\\^$*+?()[]{}|".contains(c)) {
-                return Err(format!("pattern `{key}` in rank_pattern/alpha_pattern: only plain module names are supported"));
+                return Err(format!(
+                    "pattern `{key}` in rank_pattern/alpha_pattern: only plain module names are supported"
+                ));
             }
         }
         Ok(())
@@ -152,7 +164,12 @@ fn key(path: &str, which: &str) -> String {
 
 impl<B: Backend> Qwen2ForCausalLM<B> {
     /// Attaches fresh adapters (A random, B zero) to the targeted projections of every layer.
-    pub fn attach_lora(mut self, settings: &LoraSettings, rng: &mut StdRng, device: &B::Device) -> Self {
+    pub fn attach_lora(
+        mut self,
+        settings: &LoraSettings,
+        rng: &mut StdRng,
+        device: &B::Device,
+    ) -> Self {
         let targets: BTreeSet<&str> = settings.targets.iter().map(|t| t.module_name()).collect();
         for (path, linear) in self.layer_projections_mut() {
             let name = path.rsplit('.').next().unwrap_or_default();
@@ -166,15 +183,25 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
 
     /// Loads a PEFT adapter directory onto this model.
     pub fn load_adapter(mut self, dir: &Path, device: &B::Device) -> Result<Self> {
-        let err = |message: String| ModelError::Adapter { path: dir.to_path_buf(), message };
+        let err = |message: String| ModelError::Adapter {
+            path: dir.to_path_buf(),
+            message,
+        };
         let config_path = dir.join("adapter_config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
-        let config: AdapterConfig =
-            serde_json::from_str(&text).map_err(|e| ModelError::Json { path: config_path.clone(), message: e.to_string() })?;
+        let text =
+            std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+        let config: AdapterConfig = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
         config.check_supported().map_err(err)?;
         let weights = dir.join("adapter_model.safetensors");
         if !weights.exists() {
-            let hint = if dir.join("adapter_model.bin").exists() { " (adapter_model.bin is not read: save with safe_serialization)" } else { "" };
+            let hint = if dir.join("adapter_model.bin").exists() {
+                " (adapter_model.bin is not read: save with safe_serialization)"
+            } else {
+                ""
+            };
             return Err(err(format!("adapter_model.safetensors not found{hint}")));
         }
         let ck = Checkpoint::open_files(dir, &[weights])?;
@@ -193,7 +220,11 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             let a_shape = ck.shape(&ka)?;
             let rank = a_shape.first().copied().unwrap_or(0);
             if a_shape.len() != 2 || a_shape[1] != inp || rank == 0 {
-                return Err(ModelError::Shape { name: ka, found: a_shape, expected: vec![config.r, inp] });
+                return Err(ModelError::Shape {
+                    name: ka,
+                    found: a_shape,
+                    expected: vec![config.r, inp],
+                });
             }
             let a = ck.f32(&ka, &[rank, inp])?;
             let b = ck.f32(&kb, &[out, rank])?;
@@ -213,14 +244,18 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             attached += 1;
         }
         if let Some(k) = unused.into_iter().next() {
-            return Err(err(format!("tensor `{k}` does not belong to any projection of this model")));
+            return Err(err(format!(
+                "tensor `{k}` does not belong to any projection of this model"
+            )));
         }
         if attached == 0 {
             return Err(err("the adapter holds no LoRA weights".into()));
         }
         if let Some(TargetModules::List(list)) = &config.target_modules {
             if let Some(m) = modules.iter().find(|m| !list.iter().any(|t| t == *m)) {
-                return Err(err(format!("weights for `{m}` but target_modules is {list:?}")));
+                return Err(err(format!(
+                    "weights for `{m}` but target_modules is {list:?}"
+                )));
             }
         }
         Ok(self)
@@ -228,7 +263,10 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
 
     /// Writes the attached adapters in PEFT's format.
     pub fn save_adapter(&self, dir: &Path, base_model_name_or_path: Option<&str>) -> Result<()> {
-        let err = |message: String| ModelError::Adapter { path: dir.to_path_buf(), message };
+        let err = |message: String| ModelError::Adapter {
+            path: dir.to_path_buf(),
+            message,
+        };
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         let mut tensors = Vec::new();
         let mut ranks: BTreeMap<String, usize> = BTreeMap::new();
@@ -241,11 +279,25 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             let a = lora.lora_a.val();
             let b = lora.lora_b.val();
             let (ad, bd) = (a.dims(), b.dims());
-            let values = |t: Tensor<B, 2>| t.into_data().to_vec::<f32>().map_err(|e| err(format!("{e:?}")));
-            tensors.push(OutTensor::f32(key(&path, "lora_A"), ad.to_vec(), &values(a)?));
-            tensors.push(OutTensor::f32(key(&path, "lora_B"), bd.to_vec(), &values(b)?));
+            let values = |t: Tensor<B, 2>| {
+                t.into_data()
+                    .to_vec::<f32>()
+                    .map_err(|e| err(format!("{e:?}")))
+            };
+            tensors.push(OutTensor::f32(
+                key(&path, "lora_A"),
+                ad.to_vec(),
+                &values(a)?,
+            ));
+            tensors.push(OutTensor::f32(
+                key(&path, "lora_B"),
+                bd.to_vec(),
+                &values(b)?,
+            ));
             if *rslora.get_or_insert(lora.rslora) != lora.rslora {
-                return Err(err("adapters mix rsLoRA and plain scaling, which PEFT cannot express".into()));
+                return Err(err(
+                    "adapters mix rsLoRA and plain scaling, which PEFT cannot express".into(),
+                ));
             }
             dropout = lora.dropout.prob;
             ranks.insert(path.clone(), lora.rank());
@@ -329,7 +381,11 @@ fn most_common(values: impl Iterator<Item = usize>) -> usize {
     for v in values {
         *counts.entry(v).or_default() += 1;
     }
-    counts.into_iter().max_by_key(|(v, c)| (*c, *v)).map(|(v, _)| v).unwrap_or(0)
+    counts
+        .into_iter()
+        .max_by_key(|(v, c)| (*c, *v))
+        .map(|(v, _)| v)
+        .unwrap_or(0)
 }
 
 fn most_common_f64(values: impl Iterator<Item = f64>) -> f64 {
@@ -340,5 +396,9 @@ fn most_common_f64(values: impl Iterator<Item = f64>) -> f64 {
             None => counts.push((v, 1)),
         }
     }
-    counts.into_iter().max_by_key(|(_, c)| *c).map(|(v, _)| v).unwrap_or(0.0)
+    counts
+        .into_iter()
+        .max_by_key(|(_, c)| *c)
+        .map(|(v, _)| v)
+        .unwrap_or(0.0)
 }

@@ -8,9 +8,9 @@
 //! axis of one batched matmul.
 
 use burn::module::Module;
+use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
 
 use crate::cache::KvCache;
 use crate::config::Qwen2Config;
@@ -67,7 +67,13 @@ pub struct Attention<B: Backend> {
 impl<B: Nf4Backend> Attention<B> {
     /// # Shapes
     /// - `x`, output: `[batch, seq, hidden]`
-    pub fn forward(&self, x: Tensor<B, 3>, input: &StepInput<B>, layer: usize, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        input: &StepInput<B>,
+        layer: usize,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let rep = h / kvh;
@@ -82,11 +88,17 @@ impl<B: Nf4Backend> Attention<B> {
         let total = k.dims()[2];
         // [batch, kv_heads, rep · seq, d]: query heads sharing a key/value head, side by side.
         let q = q.reshape([batch, kvh, rep * seq, d]);
-        let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(1.0 / (d as f64).sqrt());
+        let scores = q
+            .matmul(k.swap_dims(2, 3))
+            .mul_scalar(1.0 / (d as f64).sqrt());
         // [batch, kv_heads, rep · seq, total] is [batch, heads, seq, total] in memory.
         let scores = scores.reshape([batch, h, seq, total]) + input.mask.clone();
         let probs = softmax(scores, 3).reshape([batch, kvh, rep * seq, total]);
-        let out = probs.matmul(v).reshape([batch, h, seq, d]).swap_dims(1, 2).reshape([batch, seq, h * d]);
+        let out = probs
+            .matmul(v)
+            .reshape([batch, h, seq, d])
+            .swap_dims(1, 2)
+            .reshape([batch, seq, h * d]);
         self.o_proj.forward(out)
     }
 }
@@ -127,8 +139,17 @@ pub struct DecoderLayer<B: Backend> {
 impl<B: Nf4Backend> DecoderLayer<B> {
     /// # Shapes
     /// - `x`, output: `[batch, seq, hidden]`
-    pub fn forward(&self, x: Tensor<B, 3>, input: &StepInput<B>, layer: usize, cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
-        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), input, layer, cache);
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        input: &StepInput<B>,
+        layer: usize,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let h = x.clone()
+            + self
+                .self_attn
+                .forward(self.input_layernorm.forward(x), input, layer, cache);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
 }
@@ -165,8 +186,15 @@ impl<B: Nf4Backend> Qwen2ForCausalLM<B> {
     ///
     /// # Shapes
     /// - output: `[batch, seq, hidden]`
-    pub fn forward_hidden(&self, input: &StepInput<B>, mut cache: Option<&mut KvCache<B>>) -> Tensor<B, 3> {
-        let mut x = burn::tensor::module::embedding(self.model.embed_tokens.weight.clone(), input.input_ids.clone());
+    pub fn forward_hidden(
+        &self,
+        input: &StepInput<B>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let mut x = burn::tensor::module::embedding(
+            self.model.embed_tokens.weight.clone(),
+            input.input_ids.clone(),
+        );
         for (i, layer) in self.model.layers.iter().enumerate() {
             x = layer.forward(x, input, i, cache.as_deref_mut());
         }
@@ -206,7 +234,13 @@ impl<B: Nf4Backend> Qwen2ForCausalLM<B> {
     }
 
     /// Builds the inputs of one forward call for this model (see [`StepInput::new`]).
-    pub fn step_input(&self, ids: &[Vec<u32>], mask: &[Vec<u8>], past: usize, device: &B::Device) -> Result<StepInput<B>> {
+    pub fn step_input(
+        &self,
+        ids: &[Vec<u32>],
+        mask: &[Vec<u8>],
+        past: usize,
+        device: &B::Device,
+    ) -> Result<StepInput<B>> {
         StepInput::new(&self.config, self.rope_frequencies, ids, mask, past, device)
     }
 
@@ -255,7 +289,13 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
 
     /// Number of weights in the model (NF4 weights counted by their logical size).
     pub fn num_weights(&self) -> usize {
-        let mut n = self.model.embed_tokens.weight.dims().iter().product::<usize>();
+        let mut n = self
+            .model
+            .embed_tokens
+            .weight
+            .dims()
+            .iter()
+            .product::<usize>();
         n += self.model.norm.weight.dims()[0];
         for l in &self.model.layers {
             n += l.input_layernorm.weight.dims()[0] + l.post_attention_layernorm.weight.dims()[0];

@@ -38,7 +38,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with the given role and text.
     pub fn new(role: ChatRole, content: impl Into<String>) -> Self {
-        Self { role, content: content.into() }
+        Self {
+            role,
+            content: content.into(),
+        }
     }
 }
 
@@ -96,7 +99,10 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer").field("path", &self.path).field("vocab", &self.vocab_size()).finish()
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab", &self.vocab_size())
+            .finish()
     }
 }
 
@@ -105,21 +111,33 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
-            return Err(ModelError::Tokenizer { path, message: "file not found".into() });
+            return Err(ModelError::Tokenizer {
+                path,
+                message: "file not found".into(),
+            });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| ModelError::Tokenizer { path: path.clone(), message: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         let config_path = dir.join("tokenizer_config.json");
         let config: TokenizerConfig = if config_path.exists() {
-            let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
-            serde_json::from_str(&text).map_err(|e| ModelError::Json { path: config_path.clone(), message: e.to_string() })?
+            let text = std::fs::read_to_string(&config_path)
+                .map_err(|e| ModelError::io(&config_path, e))?;
+            serde_json::from_str(&text).map_err(|e| ModelError::Json {
+                path: config_path.clone(),
+                message: e.to_string(),
+            })?
         } else {
             TokenizerConfig::default()
         };
         let template = match config.chat_template {
             None => None,
             Some(TemplateSpec::One(t)) => Some(t),
-            Some(TemplateSpec::Named(list)) => list.into_iter().find(|t| t.name == "default").map(|t| t.template),
+            Some(TemplateSpec::Named(list)) => list
+                .into_iter()
+                .find(|t| t.name == "default")
+                .map(|t| t.template),
         };
         let tokenizer = Self {
             inner,
@@ -145,14 +163,20 @@ impl Tokenizer {
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| ModelError::Tokenizer { path: self.path.clone(), message: e.to_string() })
+            .map_err(|e| ModelError::Tokenizer {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })
     }
 
     /// Text of `ids`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)
-            .map_err(|e| ModelError::Tokenizer { path: self.path.clone(), message: e.to_string() })
+            .map_err(|e| ModelError::Tokenizer {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })
     }
 
     /// The id of a token, if it is in the vocabulary.
@@ -176,13 +200,18 @@ impl Tokenizer {
     }
 
     /// Renders a conversation with the chat template, as `apply_chat_template(tokenize=False)`.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self
-            .template
-            .as_deref()
-            .ok_or_else(|| ModelError::Template(format!("{} has no chat_template", self.path.display())))?;
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self.template.as_deref().ok_or_else(|| {
+            ModelError::Template(format!("{} has no chat_template", self.path.display()))
+        })?;
         let env = self.environment(template)?;
-        let tmpl = env.get_template("chat").map_err(|e| ModelError::Template(e.to_string()))?;
+        let tmpl = env
+            .get_template("chat")
+            .map_err(|e| ModelError::Template(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,
@@ -199,10 +228,14 @@ impl Tokenizer {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", |message: String| -> std::result::Result<Value, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, message))
-        });
-        env.add_template("chat", template).map_err(|e| ModelError::Template(describe(&e)))?;
+        env.add_function(
+            "raise_exception",
+            |message: String| -> std::result::Result<Value, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_template("chat", template)
+            .map_err(|e| ModelError::Template(describe(&e)))?;
         Ok(env)
     }
 }
@@ -221,7 +254,8 @@ fn describe(e: &JinjaError) -> String {
 fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, JinjaError> {
     let indent: Option<usize> = kwargs.get("indent")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_python_json(&json, indent, 0, &mut out);
     Ok(Value::from_safe_string(out))
@@ -274,10 +308,15 @@ mod tests {
 
     #[test]
     fn tojson_matches_python_layout() {
-        let v: serde_json::Value = serde_json::from_str(r#"{"name": "f", "args": [1, "é", {"a": null}], "e": {}}"#).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"name": "f", "args": [1, "é", {"a": null}], "e": {}}"#)
+                .unwrap();
         let mut out = String::new();
         write_python_json(&v, None, 0, &mut out);
-        assert_eq!(out, r#"{"name": "f", "args": [1, "é", {"a": null}], "e": {}}"#);
+        assert_eq!(
+            out,
+            r#"{"name": "f", "args": [1, "é", {"a": null}], "e": {}}"#
+        );
         let mut out = String::new();
         write_python_json(&serde_json::json!({"a": [1, 2]}), Some(2), 0, &mut out);
         assert_eq!(out, "{\n  \"a\": [\n    1,\n    2\n  ]\n}");

@@ -4,11 +4,13 @@
 mod common;
 
 use common::fixture;
-use fathom_model::checkpoint::{write_safetensors, OutTensor};
+use fathom_model::checkpoint::{OutTensor, write_safetensors};
 use fathom_model::{Cpu, LoadOptions, Qwen2Config, Qwen2ForCausalLM};
 
 fn load_err(dir: &std::path::Path) -> String {
-    Qwen2ForCausalLM::<Cpu>::load(dir, &Default::default(), LoadOptions::default()).unwrap_err().to_string()
+    Qwen2ForCausalLM::<Cpu>::load(dir, &Default::default(), LoadOptions::default())
+        .unwrap_err()
+        .to_string()
 }
 
 #[test]
@@ -16,14 +18,22 @@ fn missing_directory_and_files() {
     assert!(load_err(std::path::Path::new("/nonexistent/model")).contains("/nonexistent/model"));
     let dir = tempfile::tempdir().unwrap();
     assert!(load_err(dir.path()).contains("config.json"));
-    std::fs::copy(fixture("tiny-qwen2/config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture("tiny-qwen2/config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     assert!(load_err(dir.path()).contains("model.safetensors"));
 }
 
 #[test]
 fn malformed_config_names_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), r#"{"vocab_size": 10, "hidden_size": "big"}"#).unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"vocab_size": 10, "hidden_size": "big"}"#,
+    )
+    .unwrap();
     let err = load_err(dir.path());
     assert!(err.contains("hidden_size"), "{err}");
 }
@@ -31,33 +41,62 @@ fn malformed_config_names_the_field() {
 #[test]
 fn missing_and_misshapen_tensors_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture("tiny-qwen2/config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture("tiny-qwen2/config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     write_safetensors(
         &dir.path().join("model.safetensors"),
-        &[OutTensor::f32("model.embed_tokens.weight", vec![1024, 64], &vec![0.0; 1024 * 64])],
+        &[OutTensor::f32(
+            "model.embed_tokens.weight",
+            vec![1024, 64],
+            &vec![0.0; 1024 * 64],
+        )],
         None,
     )
     .unwrap();
     let err = load_err(dir.path());
-    assert!(err.contains("model.layers.0.self_attn.q_proj.weight"), "{err}");
+    assert!(
+        err.contains("model.layers.0.self_attn.q_proj.weight"),
+        "{err}"
+    );
     write_safetensors(
         &dir.path().join("model.safetensors"),
-        &[OutTensor::f32("model.embed_tokens.weight", vec![10, 64], &vec![0.0; 640])],
+        &[OutTensor::f32(
+            "model.embed_tokens.weight",
+            vec![10, 64],
+            &vec![0.0; 640],
+        )],
         None,
     )
     .unwrap();
     // the first tensor read is a layer projection; make sure a wrong embedding shape is named too
     let ck = fathom_model::checkpoint::Checkpoint::open_dir(dir.path()).unwrap();
-    let err = ck.f32("model.embed_tokens.weight", &[1024, 64]).unwrap_err().to_string();
-    assert!(err.contains("model.embed_tokens.weight") && err.contains("[10, 64]"), "{err}");
+    let err = ck
+        .f32("model.embed_tokens.weight", &[1024, 64])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.embed_tokens.weight") && err.contains("[10, 64]"),
+        "{err}"
+    );
 }
 
 #[test]
 fn truncated_weights_file_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture("tiny-qwen2/config.json"), dir.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture("tiny-qwen2/config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let bytes = std::fs::read(fixture("tiny-qwen2/model.safetensors")).unwrap();
-    std::fs::write(dir.path().join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        &bytes[..bytes.len() / 2],
+    )
+    .unwrap();
     let err = load_err(dir.path());
     assert!(err.contains("model.safetensors"), "{err}");
 }
@@ -68,7 +107,10 @@ fn qwen2_5_coder_1_5b_shape_builds() {
     let model = Qwen2ForCausalLM::<Cpu>::zeros(config.clone(), &Default::default());
     assert_eq!(model.model.layers.len(), 28);
     let attn = &model.model.layers[0].self_attn;
-    assert_eq!((attn.num_heads, attn.num_kv_heads, attn.head_dim), (12, 2, 128));
+    assert_eq!(
+        (attn.num_heads, attn.num_kv_heads, attn.head_dim),
+        (12, 2, 128)
+    );
     assert_eq!(attn.k_proj.shape(), [256, 1536]);
     assert_eq!(model.model.layers[27].mlp.down_proj.shape(), [1536, 8960]);
     assert!(model.lm_head.is_none(), "tied embeddings");

@@ -4,13 +4,17 @@
 
 mod common;
 
-use common::{fixture, Reference};
-use fathom_model::{generate, sequence_logprobs, Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, RopeFrequencies};
+use common::{Reference, fixture};
+use fathom_model::{
+    Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, RopeFrequencies, generate,
+    sequence_logprobs,
+};
 
 fn model(dir: &str, adapter: Option<&str>) -> Qwen2ForCausalLM<Cpu> {
     let device = Default::default();
     let base = if adapter.is_some() { "tiny-qwen2" } else { dir };
-    let mut m = Qwen2ForCausalLM::<Cpu>::load(&fixture(base), &device, LoadOptions::default()).unwrap();
+    let mut m =
+        Qwen2ForCausalLM::<Cpu>::load(&fixture(base), &device, LoadOptions::default()).unwrap();
     if let Some(a) = adapter {
         m = m.load_adapter(&fixture(a), &device).unwrap();
     }
@@ -26,7 +30,13 @@ fn prompts(r: &Reference) -> Vec<Vec<u32>> {
     r.input_ids
         .iter()
         .zip(&r.attention_mask)
-        .map(|(ids, m)| ids.iter().zip(m).filter(|p| *p.1 == 1).map(|p| *p.0).collect())
+        .map(|(ids, m)| {
+            ids.iter()
+                .zip(m)
+                .filter(|p| *p.1 == 1)
+                .map(|p| *p.0)
+                .collect()
+        })
         .collect()
 }
 
@@ -104,7 +114,11 @@ fn sampling_is_reproducible_by_seed() {
     let r = Reference::read(&fixture("tiny-qwen2-nf4"));
     let p = prompts(&r);
     let mut config = GenerateConfig::greedy(12);
-    config.sampling = fathom_model::Sampling::Sample { temperature: 1.3, top_p: 0.95, top_k: 50 };
+    config.sampling = fathom_model::Sampling::Sample {
+        temperature: 1.3,
+        top_p: 0.95,
+        top_k: 50,
+    };
     config.seed = 42;
     let a = generate(&m, &p, &config, None, &device).unwrap();
     let b = generate(&m, &p, &config, None, &device).unwrap();

@@ -4,11 +4,14 @@ use std::path::{Path, PathBuf};
 
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::nf4::format::{
-    dequantize_absmax, dequantize_nf4, dynamic_map, quantize_absmax, quantize_nf4, NF4_CODE,
+    NF4_CODE, dequantize_absmax, dequantize_nf4, dynamic_map, quantize_absmax, quantize_nf4,
 };
 
 fn vectors() -> Checkpoint {
-    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/nf4-vectors.safetensors"));
+    let path = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/nf4-vectors.safetensors"
+    ));
     Checkpoint::open_files(Path::new("fixtures"), &[path]).expect("fixture opens")
 }
 
@@ -16,8 +19,15 @@ fn vectors() -> Checkpoint {
 fn assert_same(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-        let max = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        panic!("{what}: first difference at {i}: {} vs {} (max |diff| {max})", got[i], want[i]);
+        let max = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        panic!(
+            "{what}: first difference at {i}: {} vs {} (max |diff| {max})",
+            got[i], want[i]
+        );
     }
 }
 
@@ -43,7 +53,12 @@ fn plain_quantization_is_byte_exact() {
     assert_eq!(mismatches, 0, "packed bytes differ from bitsandbytes");
     assert_eq!(q.packed.len(), packed.len());
     assert_same("absmax", &q.absmax, &f32s(&ck, "plain.absmax"));
-    check_dequantized(&dequantize_nf4(&q.packed, &q.absmax, weight.len()), &f32s(&ck, "plain.dequantized"), &q.packed, &q.absmax);
+    check_dequantized(
+        &dequantize_nf4(&q.packed, &q.absmax, weight.len()),
+        &f32s(&ck, "plain.dequantized"),
+        &q.packed,
+        &q.absmax,
+    );
 }
 
 /// bitsandbytes quantizes over flat 64-element blocks of the row-major weight (its packed bytes
@@ -69,7 +84,10 @@ fn check_dequantized(ours: &[f32], reference: &[f32], packed: &[u8], absmax: &[f
         })
         .collect();
     assert_same("bitsandbytes' CPU reading", &misindexed, reference);
-    assert_ne!(ours, reference, "the quirk should show on rows after the first");
+    assert_ne!(
+        ours, reference,
+        "the quirk should show on rows after the first"
+    );
 }
 
 #[test]
@@ -82,9 +100,23 @@ fn double_quantization_is_byte_exact() {
     assert_same("dynamic map", &dynamic_map(), &f32s(&ck, "dq.nested_code"));
     let nested = quantize_absmax(&q.absmax);
     assert_same("offset", &[nested.offset], &f32s(&ck, "dq.offset"));
-    assert_same("nested absmax", &nested.nested_absmax, &f32s(&ck, "dq.nested_absmax"));
+    assert_same(
+        "nested absmax",
+        &nested.nested_absmax,
+        &f32s(&ck, "dq.nested_absmax"),
+    );
     let (_, expected) = ck.u8("dq.absmax_quantized").unwrap();
     assert_eq!(nested.quantized, expected, "8-bit absmax codes differ");
-    let absmax = dequantize_absmax(&nested.quantized, &nested.nested_absmax, &nested.nested_code, nested.offset);
-    check_dequantized(&dequantize_nf4(&q.packed, &absmax, weight.len()), &f32s(&ck, "dq.dequantized"), &q.packed, &absmax);
+    let absmax = dequantize_absmax(
+        &nested.quantized,
+        &nested.nested_absmax,
+        &nested.nested_code,
+        nested.offset,
+    );
+    check_dequantized(
+        &dequantize_nf4(&q.packed, &absmax, weight.len()),
+        &f32s(&ck, "dq.dequantized"),
+        &q.packed,
+        &absmax,
+    );
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::fixture;
 use fathom_model::checkpoint::Checkpoint;
-use fathom_model::nf4::export::{quantize_checkpoint, QuantizeOptions, StorageDtype};
+use fathom_model::nf4::export::{QuantizeOptions, StorageDtype, quantize_checkpoint};
 use fathom_model::{Cpu, LoadOptions, Qwen2ForCausalLM};
 
 fn ours_source(weight: &str) -> Vec<f32> {
@@ -18,7 +18,10 @@ fn compare(double_quant: bool, reference: &str) {
     let report = quantize_checkpoint(
         &fixture("tiny-qwen2"),
         out.path(),
-        QuantizeOptions { double_quant, dtype: Some(StorageDtype::F32) },
+        QuantizeOptions {
+            double_quant,
+            dtype: Some(StorageDtype::F32),
+        },
     )
     .unwrap();
     assert_eq!(report.quantized, 14);
@@ -28,7 +31,11 @@ fn compare(double_quant: bool, reference: &str) {
     let mut near_midpoint = 0;
     for name in theirs.names() {
         let (a, b) = (ours.raw(&name).unwrap(), theirs.raw(&name).unwrap());
-        assert_eq!((a.dtype, &a.shape), (b.dtype, &b.shape), "{name}: dtype/shape");
+        assert_eq!(
+            (a.dtype, &a.shape),
+            (b.dtype, &b.shape),
+            "{name}: dtype/shape"
+        );
         if a.data == b.data {
             continue;
         }
@@ -36,7 +43,10 @@ fn compare(double_quant: bool, reference: &str) {
         // absmax codes differ by one step from the nearest-entry rule that reproduces every
         // other code (and all of `nf4-vectors.safetensors`); both sit within 1% of the midpoint
         // between two entries of the dynamic map. Anything else is a failure.
-        assert!(double_quant && name.ends_with(".absmax") && a.dtype == safetensors::Dtype::U8, "{name}: bytes differ");
+        assert!(
+            double_quant && name.ends_with(".absmax") && a.dtype == safetensors::Dtype::U8,
+            "{name}: bytes differ"
+        );
         let weight = name.trim_end_matches(".absmax");
         let w = ours_source(weight);
         let q = fathom_model::nf4::format::quantize_nf4(&w);
@@ -46,20 +56,36 @@ fn compare(double_quant: bool, reference: &str) {
             if x == y {
                 continue;
             }
-            assert_eq!((*x as i32 - *y as i32).abs(), 1, "{name}[{i}]: codes {x} vs {y}");
+            assert_eq!(
+                (*x as i32 - *y as i32).abs(),
+                1,
+                "{name}[{i}]: codes {x} vs {y}"
+            );
             let lo = (*x).min(*y) as usize;
             let mid = (code[lo] + code[lo + 1]) / 2.0;
             let normed = (q.absmax[i] - nested.offset) / nested.nested_absmax[i / 256];
-            assert!(((normed - mid) / (code[lo + 1] - code[lo])).abs() < 0.01, "{name}[{i}]: not at a midpoint");
+            assert!(
+                ((normed - mid) / (code[lo + 1] - code[lo])).abs() < 0.01,
+                "{name}[{i}]: not at a midpoint"
+            );
             near_midpoint += 1;
         }
     }
     assert!(near_midpoint <= 2, "{near_midpoint} absmax codes differ");
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.path().join("config.json")).unwrap()).unwrap();
-    let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(reference).join("config.json")).unwrap()).unwrap();
-    assert_eq!(config["quantization_config"], expected["quantization_config"]);
-    let model = Qwen2ForCausalLM::<Cpu>::load(out.path(), &Default::default(), LoadOptions::default()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("config.json")).unwrap())
+            .unwrap();
+    let expected: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(reference).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        config["quantization_config"],
+        expected["quantization_config"]
+    );
+    let model =
+        Qwen2ForCausalLM::<Cpu>::load(out.path(), &Default::default(), LoadOptions::default())
+            .unwrap();
     assert!(model.projections().iter().all(|(_, p)| p.is_nf4()));
 }
 
@@ -76,10 +102,22 @@ fn plain_checkpoint_is_byte_identical_to_bitsandbytes() {
 #[test]
 fn quantize_on_load_equals_loading_the_quantized_checkpoint() {
     let device = Default::default();
-    let on_load = Qwen2ForCausalLM::<Cpu>::load(&fixture("tiny-qwen2"), &device, LoadOptions { quantize_nf4: true }).unwrap();
-    let stored = Qwen2ForCausalLM::<Cpu>::load(&fixture("tiny-qwen2-nf4-plain"), &device, LoadOptions::default()).unwrap();
+    let on_load = Qwen2ForCausalLM::<Cpu>::load(
+        &fixture("tiny-qwen2"),
+        &device,
+        LoadOptions { quantize_nf4: true },
+    )
+    .unwrap();
+    let stored = Qwen2ForCausalLM::<Cpu>::load(
+        &fixture("tiny-qwen2-nf4-plain"),
+        &device,
+        LoadOptions::default(),
+    )
+    .unwrap();
     for ((pa, a), (_, b)) in on_load.projections().iter().zip(stored.projections()) {
-        let (fathom_model::linear::BaseWeight::Nf4(a), fathom_model::linear::BaseWeight::Nf4(b)) = (&a.weight, &b.weight) else {
+        let (fathom_model::linear::BaseWeight::Nf4(a), fathom_model::linear::BaseWeight::Nf4(b)) =
+            (&a.weight, &b.weight)
+        else {
             panic!("{pa} is not NF4");
         };
         assert_eq!(a.packed_bytes(), b.packed_bytes(), "{pa}");
@@ -90,8 +128,15 @@ fn quantize_on_load_equals_loading_the_quantized_checkpoint() {
 #[test]
 fn already_quantized_input_is_refused() {
     let out = tempfile::tempdir().unwrap();
-    let err = quantize_checkpoint(&fixture("tiny-qwen2-nf4"), out.path(), QuantizeOptions { double_quant: true, dtype: None })
-        .unwrap_err()
-        .to_string();
+    let err = quantize_checkpoint(
+        &fixture("tiny-qwen2-nf4"),
+        out.path(),
+        QuantizeOptions {
+            double_quant: true,
+            dtype: None,
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("already quantized"), "{err}");
 }

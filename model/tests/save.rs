@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{fixture, Reference};
+use common::{Reference, fixture};
 use fathom_model::save::SaveDtype;
 use fathom_model::{Cpu, LoadOptions, Qwen2Config, Qwen2ForCausalLM};
 
@@ -27,17 +27,34 @@ fn f32_round_trip_is_exact() {
 #[test]
 fn merged_adapter_exports_with_the_adapted_logits() {
     let device = Default::default();
-    let model = Qwen2ForCausalLM::<Cpu>::load(&fixture("tiny-qwen2"), &device, LoadOptions::default())
-        .unwrap()
-        .load_adapter(&fixture("tiny-qwen2-lora"), &device)
-        .unwrap();
+    let model =
+        Qwen2ForCausalLM::<Cpu>::load(&fixture("tiny-qwen2"), &device, LoadOptions::default())
+            .unwrap()
+            .load_adapter(&fixture("tiny-qwen2-lora"), &device)
+            .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    assert!(model.save_pretrained(dir.path(), SaveDtype::F32).is_err(), "unmerged adapters are refused");
-    model.merge_adapters().save_pretrained(dir.path(), SaveDtype::F32).unwrap();
-    let merged = Qwen2ForCausalLM::<Cpu>::load(dir.path(), &device, LoadOptions::default()).unwrap();
+    assert!(
+        model.save_pretrained(dir.path(), SaveDtype::F32).is_err(),
+        "unmerged adapters are refused"
+    );
+    model
+        .merge_adapters()
+        .save_pretrained(dir.path(), SaveDtype::F32)
+        .unwrap();
+    let merged =
+        Qwen2ForCausalLM::<Cpu>::load(dir.path(), &device, LoadOptions::default()).unwrap();
     let r = Reference::read(&fixture("tiny-qwen2-lora"));
-    let input = merged.step_input(&r.input_ids, &r.attention_mask, 0, &device).unwrap();
-    let logits = merged.forward(&input, None).into_data().to_vec::<f32>().unwrap();
+    let input = merged
+        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .unwrap();
+    let logits = merged
+        .forward(&input, None)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     let diff = common::max_masked_diff(&logits, &r);
-    assert!(diff < 1e-4, "merged export differs from peft's logits by {diff}");
+    assert!(
+        diff < 1e-4,
+        "merged export differs from peft's logits by {diff}"
+    );
 }

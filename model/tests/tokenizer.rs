@@ -18,14 +18,26 @@ struct Case {
 #[test]
 fn chat_cases_match_transformers() {
     let tok = Tokenizer::from_dir(&fixture("qwen2.5-tokenizer")).expect("tokenizer loads");
-    let cases: Vec<Case> = serde_json::from_str(&std::fs::read_to_string(fixture("chat-cases.json")).unwrap()).unwrap();
+    let cases: Vec<Case> =
+        serde_json::from_str(&std::fs::read_to_string(fixture("chat-cases.json")).unwrap())
+            .unwrap();
     assert_eq!(cases.len(), 6);
     for (i, case) in cases.iter().enumerate() {
-        let text = tok.apply_chat_template(&case.messages, case.add_generation_prompt).unwrap();
+        let text = tok
+            .apply_chat_template(&case.messages, case.add_generation_prompt)
+            .unwrap();
         assert_eq!(text, case.text, "case {i}: rendered text");
         assert_eq!(tok.encode(&text, false).unwrap(), case.ids, "case {i}: ids");
-        assert_eq!(tok.encode(&text, true).unwrap(), case.ids, "case {i}: ids with special tokens");
-        assert_eq!(tok.decode(&case.ids, false).unwrap(), case.text, "case {i}: decode");
+        assert_eq!(
+            tok.encode(&text, true).unwrap(),
+            case.ids,
+            "case {i}: ids with special tokens"
+        );
+        assert_eq!(
+            tok.decode(&case.ids, false).unwrap(),
+            case.text,
+            "case {i}: decode"
+        );
     }
     assert_eq!(tok.eos_id(), tok.token_id("<|im_end|>"));
     assert_eq!(tok.pad_id(), tok.token_id("<|endoftext|>"));
@@ -43,8 +55,16 @@ fn missing_or_broken_tokenizer_is_a_clear_error() {
 #[test]
 fn broken_template_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture("qwen2.5-tokenizer/tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
-    std::fs::write(dir.path().join("tokenizer_config.json"), r#"{"chat_template": "{% for m in messages %}{{ m.content "}"#).unwrap();
+    std::fs::copy(
+        fixture("qwen2.5-tokenizer/tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"chat_template": "{% for m in messages %}{{ m.content "}"#,
+    )
+    .unwrap();
     let err = Tokenizer::from_dir(dir.path()).unwrap_err().to_string();
     assert!(err.contains("chat template"), "{err}");
 }

@@ -6,12 +6,16 @@
 
 mod common;
 
-use common::{fixture, max_masked_diff, Reference};
+use common::{Reference, fixture, max_masked_diff};
 use fathom_model::linear::Nf4Weight;
 use fathom_model::{Cpu, LoadOptions, Qwen2ForCausalLM, Wgpu};
 
 fn weight(rows: usize, cols: usize) -> Vec<f32> {
-    (0..rows * cols).map(|i| (((i * 2654435761) % 10007) as f32 / 10007.0 - 0.5) * (1.0 + (i % 97) as f32 / 50.0)).collect()
+    (0..rows * cols)
+        .map(|i| {
+            (((i * 2654435761) % 10007) as f32 / 10007.0 - 0.5) * (1.0 + (i % 97) as f32 / 50.0)
+        })
+        .collect()
 }
 
 #[test]
@@ -24,18 +28,32 @@ fn wgpu_kernel_dequantizes_bit_identically_to_the_cpu_path() {
         let cpu: Vec<f32> = cpu.into_data().to_vec().unwrap();
         let gpu: Vec<f32> = gpu.into_data().to_vec().unwrap();
         assert_eq!(cpu.len(), gpu.len());
-        let first = cpu.iter().zip(&gpu).position(|(a, b)| a.to_bits() != b.to_bits());
-        assert!(first.is_none(), "{rows}x{cols}: first difference at {first:?}");
+        let first = cpu
+            .iter()
+            .zip(&gpu)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(
+            first.is_none(),
+            "{rows}x{cols}: first difference at {first:?}"
+        );
     }
 }
 
 #[test]
 fn nf4_model_on_wgpu_matches_bitsandbytes() {
     let device = Default::default();
-    let model = Qwen2ForCausalLM::<Wgpu>::load(&fixture("tiny-qwen2-nf4"), &device, LoadOptions::default()).unwrap();
+    let model =
+        Qwen2ForCausalLM::<Wgpu>::load(&fixture("tiny-qwen2-nf4"), &device, LoadOptions::default())
+            .unwrap();
     let r = Reference::read(&fixture("tiny-qwen2-nf4"));
-    let input = model.step_input(&r.input_ids, &r.attention_mask, 0, &device).unwrap();
-    let logits = model.forward(&input, None).into_data().to_vec::<f32>().unwrap();
+    let input = model
+        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .unwrap();
+    let logits = model
+        .forward(&input, None)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     let diff = max_masked_diff(&logits, &r);
     assert!(diff < 1e-4, "max |logit diff| {diff}");
 }

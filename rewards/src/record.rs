@@ -266,7 +266,10 @@ impl Trajectory {
 
     /// Tool-call tokens: code written plus observation tokens read, over all steps.
     pub fn tool_tokens(&self) -> usize {
-        self.steps.iter().map(|s| s.code_tokens + s.output_tokens).sum()
+        self.steps
+            .iter()
+            .map(|s| s.code_tokens + s.output_tokens)
+            .sum()
     }
 
     /// Number of `llm()` calls made during the episode, refused ones included.

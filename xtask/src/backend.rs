@@ -69,7 +69,9 @@ pub enum RopeArg {
 impl ModelArgs {
     /// Loads the model described by these arguments onto `device`.
     pub fn load<B: Nf4Backend>(&self, device: &B::Device) -> Result<Qwen2ForCausalLM<B>> {
-        let options = LoadOptions { quantize_nf4: self.quantize == Some(QuantizeOnLoad::Nf4) };
+        let options = LoadOptions {
+            quantize_nf4: self.quantize == Some(QuantizeOnLoad::Nf4),
+        };
         let mut model = Qwen2ForCausalLM::<B>::load(&self.model, device, options)
             .with_context(|| format!("loading the model from {}", self.model.display()))?;
         if let Some(adapter) = &self.adapter {
@@ -88,7 +90,8 @@ impl ModelArgs {
 
 /// Reads a JSON file into `T`, naming the file on failure.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use fathom_model::bench::{forward_pass, nf4_matmul, throughput, Protocol};
+use fathom_model::bench::{Protocol, forward_pass, nf4_matmul, throughput};
 use fathom_model::nf4::Nf4Backend;
 use fathom_model::{Qwen2Config, Qwen2ForCausalLM};
 
@@ -130,16 +130,30 @@ pub struct MakeModelArgs {
 /// 1 + N(0, 0.02)) that `transformers` and candle load, for benchmarks against them.
 pub fn make_model(args: MakeModelArgs) -> Result<()> {
     let device = Default::default();
-    let model = Qwen2ForCausalLM::<fathom_model::Cpu>::random(args.shape.config(), args.seed, false, &device);
+    let model = Qwen2ForCausalLM::<fathom_model::Cpu>::random(
+        args.shape.config(),
+        args.seed,
+        false,
+        &device,
+    );
     model.save_pretrained(&args.out, fathom_model::save::SaveDtype::Bf16)?;
-    eprintln!("wrote a random {:?} checkpoint ({} weights) to {}", args.shape, model.num_weights(), args.out.display());
+    eprintln!(
+        "wrote a random {:?} checkpoint ({} weights) to {}",
+        args.shape,
+        model.num_weights(),
+        args.out.display()
+    );
     Ok(())
 }
 
 /// Runs the command.
 pub fn run(command: BenchCommand) -> Result<()> {
     match command {
-        BenchCommand::Model(args) => crate::with_backend!(args.model.backend, |B, device| model_bench::<B>(&args, &device)),
+        BenchCommand::Model(args) => {
+            crate::with_backend!(args.model.backend, |B, device| model_bench::<B>(
+                &args, &device
+            ))
+        }
         BenchCommand::Forward(args) => crate::with_backend!(args.backend, |B, device| {
             let mut out = forward_pass::<B>(args.shape.config(), args.seq, args.nf4, &device)?;
             out["shape"] = format!("{:?}", args.shape).into();

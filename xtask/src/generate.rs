@@ -2,13 +2,13 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_model::nf4::Nf4Backend;
 use fathom_model::{ChatMessage, ChatRole, GenerateConfig, Sampling, Tokenizer};
 use serde::Serialize;
 
-use crate::backend::{read_json, ModelArgs};
+use crate::backend::{ModelArgs, read_json};
 use crate::logits::IdsFile;
 
 /// Arguments of `xtask generate`.
@@ -74,18 +74,29 @@ fn load_tokenizer(dir: &Path, required: bool) -> Result<Option<Tokenizer>> {
     if !dir.join("tokenizer.json").exists() && !required {
         return Ok(None);
     }
-    Tokenizer::from_dir(dir).map(Some).with_context(|| format!("loading the tokenizer from {}", dir.display()))
+    Tokenizer::from_dir(dir)
+        .map(Some)
+        .with_context(|| format!("loading the tokenizer from {}", dir.display()))
 }
 
 fn run_on<B: Nf4Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
-    let tok_dir = args.tokenizer.clone().unwrap_or_else(|| args.model.model.clone());
+    let tok_dir = args
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| args.model.model.clone());
     let tokenizer = load_tokenizer(&tok_dir, args.prompt.is_some() || !args.stop.is_empty())?;
     let prompts: Vec<Vec<u32>> = match (&args.input, &args.prompt) {
         (Some(path), _) => {
             let (ids, mask) = read_json::<IdsFile>(path)?.validated()?;
             ids.into_iter()
                 .zip(mask)
-                .map(|(row, m)| row.into_iter().zip(m).filter(|p| p.1 == 1).map(|p| p.0).collect())
+                .map(|(row, m)| {
+                    row.into_iter()
+                        .zip(m)
+                        .filter(|p| p.1 == 1)
+                        .map(|p| p.0)
+                        .collect()
+                })
                 .collect()
         }
         (None, Some(prompt)) => {
@@ -101,7 +112,9 @@ fn run_on<B: Nf4Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> 
         (None, None) => bail!("give --input or --prompt"),
     };
     let model = args.model.load::<B>(device)?;
-    let sampling = if args.greedy || (args.temperature.is_none() && args.top_p.is_none() && args.top_k.is_none()) {
+    let sampling = if args.greedy
+        || (args.temperature.is_none() && args.top_p.is_none() && args.top_k.is_none())
+    {
         Sampling::Greedy
     } else {
         Sampling::Sample {
@@ -113,10 +126,16 @@ fn run_on<B: Nf4Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> 
     let mut eos_ids = Vec::new();
     if !args.ignore_eos {
         eos_ids.extend(model.config.eos_ids());
-        if let Ok(generation) = read_json::<serde_json::Value>(&args.model.model.join("generation_config.json")) {
+        if let Ok(generation) =
+            read_json::<serde_json::Value>(&args.model.model.join("generation_config.json"))
+        {
             if let Some(v) = generation.get("eos_token_id") {
                 let ids: Vec<u32> = match v {
-                    serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+                    serde_json::Value::Array(a) => a
+                        .iter()
+                        .filter_map(|x| x.as_u64())
+                        .map(|x| x as u32)
+                        .collect(),
                     other => other.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
                 };
                 eos_ids.extend(ids);
@@ -140,12 +159,23 @@ fn run_on<B: Nf4Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> 
     let text = out
         .tokens
         .iter()
-        .map(|t| tokenizer.as_ref().map(|tok| tok.decode(t, true)).transpose())
+        .map(|t| {
+            tokenizer
+                .as_ref()
+                .map(|tok| tok.decode(t, true))
+                .transpose()
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let output = Output { ids: out.tokens, text, logprobs: out.logprobs, finish: out.finish };
+    let output = Output {
+        ids: out.tokens,
+        text,
+        logprobs: out.logprobs,
+        finish: out.finish,
+    };
     let json = serde_json::to_string(&output)?;
     match &args.out {
-        Some(path) => std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => std::fs::write(path, json + "\n")
+            .with_context(|| format!("writing {}", path.display()))?,
         None => println!("{json}"),
     }
     Ok(())

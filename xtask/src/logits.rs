@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
-use fathom_model::checkpoint::{write_safetensors, OutTensor};
+use fathom_model::checkpoint::{OutTensor, write_safetensors};
 use fathom_model::nf4::Nf4Backend;
 use serde::Deserialize;
 
-use crate::backend::{read_json, ModelArgs};
+use crate::backend::{ModelArgs, read_json};
 
 /// Arguments of `xtask logits`.
 #[derive(Args, Debug)]
@@ -45,9 +45,14 @@ impl IdsFile {
         }
         let width = ids[0].len();
         if let Some(i) = ids.iter().position(|r| r.len() != width) {
-            bail!("input_ids row {i} has {} tokens, row 0 has {width}", ids[i].len());
+            bail!(
+                "input_ids row {i} has {} tokens, row 0 has {width}",
+                ids[i].len()
+            );
         }
-        let mask = self.attention_mask.unwrap_or_else(|| vec![vec![1; width]; ids.len()]);
+        let mask = self
+            .attention_mask
+            .unwrap_or_else(|| vec![vec![1; width]; ids.len()]);
         if mask.len() != ids.len() || mask.iter().any(|r| r.len() != width) {
             bail!("attention_mask must have the same shape as input_ids");
         }
@@ -72,11 +77,18 @@ fn run_on<B: Nf4Backend>(args: &LogitsArgs, device: &B::Device) -> Result<()> {
     let input = model.step_input(&ids, &mask, 0, device)?;
     let logits = model.forward(&input, None);
     let dims = logits.dims();
-    let values = logits.into_data().to_vec::<f32>().map_err(|e| anyhow::anyhow!("reading logits: {e:?}"))?;
+    let values = logits
+        .into_data()
+        .to_vec::<f32>()
+        .map_err(|e| anyhow::anyhow!("reading logits: {e:?}"))?;
     let mut meta = HashMap::new();
     meta.insert("format".to_string(), "pt".to_string());
-    write_safetensors(&args.out, &[OutTensor::f32("logits", dims.to_vec(), &values)], Some(meta))
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    write_safetensors(
+        &args.out,
+        &[OutTensor::f32("logits", dims.to_vec(), &values)],
+        Some(meta),
+    )
+    .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("wrote logits {:?} to {}", dims, args.out.display());
     Ok(())
 }

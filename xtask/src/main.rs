@@ -66,7 +66,9 @@ fn main() -> anyhow::Result<()> {
         Command::Score(args) => score::run(args),
         Command::Data(args) => data::run(args),
         Command::Repl(args) => repl::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
-        Command::Episode(args) => episode::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
+        Command::Episode(args) => {
+            episode::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe)
+        }
         Command::Serve(args) => serve::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
     }
 }

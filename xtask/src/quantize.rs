@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use fathom_model::nf4::export::{quantize_checkpoint, QuantizeOptions, StorageDtype};
+use fathom_model::nf4::export::{QuantizeOptions, StorageDtype, quantize_checkpoint};
 
 /// Arguments of `xtask quantize`.
 #[derive(Args, Debug)]
@@ -39,8 +39,15 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         DtypeArg::Bf16 => StorageDtype::Bf16,
         DtypeArg::F16 => StorageDtype::F16,
     });
-    let report = quantize_checkpoint(&args.model, &args.out, QuantizeOptions { double_quant: args.double_quant, dtype })
-        .with_context(|| format!("quantizing {}", args.model.display()))?;
+    let report = quantize_checkpoint(
+        &args.model,
+        &args.out,
+        QuantizeOptions {
+            double_quant: args.double_quant,
+            dtype,
+        },
+    )
+    .with_context(|| format!("quantizing {}", args.model.display()))?;
     eprintln!(
         "quantized {} projections to NF4, copied {} tensors; wrote {} ({:.1} MiB)",
         report.quantized,

@@ -43,7 +43,14 @@ fn decode_block(words: &[u32], pairs: &[[f32; 2]; 256], scale: f32, e: usize, ou
 
 /// Writes the scaled values of elements `e .. e + out.len()` (any alignment).
 #[inline(always)]
-fn decode_run(words: &[u32], table: &[f32; 16], pairs: &[[f32; 2]; 256], absmax: &[f32], e: usize, out: &mut [f32]) {
+fn decode_run(
+    words: &[u32],
+    table: &[f32; 16],
+    pairs: &[[f32; 2]; 256],
+    absmax: &[f32],
+    e: usize,
+    out: &mut [f32],
+) {
     if e % BLOCK == 0 && out.len() == BLOCK {
         decode_block(words, pairs, absmax[e / BLOCK], e, out);
     } else {
@@ -54,21 +61,36 @@ fn decode_run(words: &[u32], table: &[f32; 16], pairs: &[[f32; 2]; 256], absmax:
 }
 
 /// Dequantizes `rows * cols` elements into `out` (`code * absmax`, row-major).
-pub fn dequantize_into(words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize, out: &mut [f32]) {
+pub fn dequantize_into(
+    words: &[u32],
+    absmax: &[f32],
+    table: &[f32; 16],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) {
     let n = rows * cols;
     assert_eq!(out.len(), n, "output buffer has the wrong size");
     let pairs = pair_table(table);
     // Chunks of whole blocks, so every run starts block- and word-aligned.
-    out.par_chunks_mut(BLOCK * 256).enumerate().for_each(|(chunk, dst)| {
-        let start = chunk * BLOCK * 256;
-        for (i, blk) in dst.chunks_mut(BLOCK).enumerate() {
-            decode_run(words, table, &pairs, absmax, start + i * BLOCK, blk);
-        }
-    });
+    out.par_chunks_mut(BLOCK * 256)
+        .enumerate()
+        .for_each(|(chunk, dst)| {
+            let start = chunk * BLOCK * 256;
+            for (i, blk) in dst.chunks_mut(BLOCK).enumerate() {
+                decode_run(words, table, &pairs, absmax, start + i * BLOCK, blk);
+            }
+        });
 }
 
 /// Dequantizes into a new buffer.
-pub fn dequantize(words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize) -> Vec<f32> {
+pub fn dequantize(
+    words: &[u32],
+    absmax: &[f32],
+    table: &[f32; 16],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
     let mut out = vec![0f32; rows * cols];
     dequantize_into(words, absmax, table, rows, cols, &mut out);
     out
@@ -95,7 +117,15 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `y = x · Wᵀ` with `x` `[m, cols]` and the NF4 weight `[rows, cols]`, without materialising
 /// the weight: each block of a weight row is decoded once into a 64-value buffer and dotted with
 /// every input row. Returns `[m, rows]` row-major.
-pub fn linear(x: &[f32], m: usize, words: &[u32], absmax: &[f32], table: &[f32; 16], rows: usize, cols: usize) -> Vec<f32> {
+pub fn linear(
+    x: &[f32],
+    m: usize,
+    words: &[u32],
+    absmax: &[f32],
+    table: &[f32; 16],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
     assert_eq!(x.len(), m * cols, "input has the wrong size");
     let pairs = pair_table(table);
     // out_t[r][i] = <x_i, W_r>; one weight row per task, transposed at the end.
@@ -147,10 +177,12 @@ pub fn unpack_words(words: &[u32], len: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nf4::format::{dequantize_nf4, quantize_nf4, NF4_CODE};
+    use crate::nf4::format::{NF4_CODE, dequantize_nf4, quantize_nf4};
 
     fn weight(rows: usize, cols: usize) -> Vec<f32> {
-        (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * (1.0 + (i / 64) as f32 * 0.01)).collect()
+        (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * (1.0 + (i / 64) as f32 * 0.01))
+            .collect()
     }
 
     #[test]
@@ -174,12 +206,20 @@ mod tests {
             let q = quantize_nf4(&w);
             let words = pack_words(&q.packed);
             let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
-            let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0).collect();
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
+                .collect();
             let y = linear(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
             for i in 0..m {
                 for r in 0..rows {
-                    let want: f32 = (0..cols).map(|c| x[i * cols + c] * dense[r * cols + c]).sum();
-                    assert!((y[i * rows + r] - want).abs() < 1e-4, "{rows}x{cols} m={m}: {} vs {want}", y[i * rows + r]);
+                    let want: f32 = (0..cols)
+                        .map(|c| x[i * cols + c] * dense[r * cols + c])
+                        .sum();
+                    assert!(
+                        (y[i * rows + r] - want).abs() < 1e-4,
+                        "{rows}x{cols} m={m}: {} vs {want}",
+                        y[i * rows + r]
+                    );
                 }
             }
         }

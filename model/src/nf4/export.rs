@@ -13,10 +13,10 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::{to_f32, write_atomic, write_safetensors, Checkpoint, OutTensor};
+use crate::checkpoint::{Checkpoint, OutTensor, to_f32, write_atomic, write_safetensors};
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
-use crate::nf4::format::{quantize_absmax, quantize_nf4, NESTED_BLOCK, NF4_CODE};
+use crate::nf4::format::{NESTED_BLOCK, NF4_CODE, quantize_absmax, quantize_nf4};
 
 const PROJECTIONS: [&str; 7] = [
     "self_attn.q_proj",
@@ -109,19 +109,32 @@ fn convert(name: &str, values: &[u8], from: Dtype, to: Dtype) -> Result<Vec<u8>>
     }
     let f = to_f32(name, from, values)?;
     Ok(match to {
-        Dtype::BF16 => f.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-        Dtype::F16 => f.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+        Dtype::BF16 => f
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::F16 => f
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
         _ => f.iter().flat_map(|v| v.to_le_bytes()).collect(),
     })
 }
 
 /// Quantizes the dense checkpoint in `src` into `out` (created if needed).
-pub fn quantize_checkpoint(src: &Path, out: &Path, options: QuantizeOptions) -> Result<QuantizeReport> {
+pub fn quantize_checkpoint(
+    src: &Path,
+    out: &Path,
+    options: QuantizeOptions,
+) -> Result<QuantizeReport> {
     let double_quant = options.double_quant;
     let config_path = src.join("config.json");
     let config = Qwen2Config::from_file(&config_path)?;
     if config.quantization_config.is_some() {
-        return Err(ModelError::Config { path: config_path, message: "the checkpoint is already quantized".into() });
+        return Err(ModelError::Config {
+            path: config_path,
+            message: "the checkpoint is already quantized".into(),
+        });
     }
     let ck = Checkpoint::open_dir(src)?;
     let mut tensors = Vec::new();
@@ -135,39 +148,90 @@ pub fn quantize_checkpoint(src: &Path, out: &Path, options: QuantizeOptions) -> 
     for name in ck.names() {
         let raw = ck.raw(&name)?;
         if !targets.contains_key(&name) {
-            let dtype = options.dtype.map(StorageDtype::safetensors).filter(|_| is_float(raw.dtype)).unwrap_or(raw.dtype);
+            let dtype = options
+                .dtype
+                .map(StorageDtype::safetensors)
+                .filter(|_| is_float(raw.dtype))
+                .unwrap_or(raw.dtype);
             let data = convert(&name, raw.data, raw.dtype, dtype)?;
-            tensors.push(OutTensor { name: name.clone(), dtype, shape: raw.shape.clone(), data });
+            tensors.push(OutTensor {
+                name: name.clone(),
+                dtype,
+                shape: raw.shape.clone(),
+                data,
+            });
             continue;
         }
         if raw.shape.len() != 2 {
-            return Err(ModelError::Shape { name, found: raw.shape, expected: vec![0, 0] });
+            return Err(ModelError::Shape {
+                name,
+                found: raw.shape,
+                expected: vec![0, 0],
+            });
         }
         let shape = [raw.shape[0], raw.shape[1]];
         let values = to_f32(&name, raw.dtype, raw.data)?;
         let q = quantize_nf4(&values);
         let n = shape[0] * shape[1];
-        tensors.push(OutTensor::u8(name.clone(), vec![n.div_ceil(2), 1], q.packed));
-        tensors.push(OutTensor::f32(format!("{name}.quant_map"), vec![16], &NF4_CODE));
+        tensors.push(OutTensor::u8(
+            name.clone(),
+            vec![n.div_ceil(2), 1],
+            q.packed,
+        ));
+        tensors.push(OutTensor::f32(
+            format!("{name}.quant_map"),
+            vec![16],
+            &NF4_CODE,
+        ));
         let offset = if double_quant {
             let nested = quantize_absmax(&q.absmax);
-            tensors.push(OutTensor::u8(format!("{name}.absmax"), vec![q.absmax.len()], nested.quantized));
-            tensors.push(OutTensor::f32(format!("{name}.nested_absmax"), vec![nested.nested_absmax.len()], &nested.nested_absmax));
-            tensors.push(OutTensor::f32(format!("{name}.nested_quant_map"), vec![256], &nested.nested_code));
+            tensors.push(OutTensor::u8(
+                format!("{name}.absmax"),
+                vec![q.absmax.len()],
+                nested.quantized,
+            ));
+            tensors.push(OutTensor::f32(
+                format!("{name}.nested_absmax"),
+                vec![nested.nested_absmax.len()],
+                &nested.nested_absmax,
+            ));
+            tensors.push(OutTensor::f32(
+                format!("{name}.nested_quant_map"),
+                vec![256],
+                &nested.nested_code,
+            ));
             Some(nested.offset)
         } else {
-            tensors.push(OutTensor::f32(format!("{name}.absmax"), vec![q.absmax.len()], &q.absmax));
+            tensors.push(OutTensor::f32(
+                format!("{name}.absmax"),
+                vec![q.absmax.len()],
+                &q.absmax,
+            ));
             None
         };
-        let state_dtype = options.dtype.map(StorageDtype::safetensors).unwrap_or(raw.dtype);
+        let state_dtype = options
+            .dtype
+            .map(StorageDtype::safetensors)
+            .unwrap_or(raw.dtype);
         let state = quant_state_json(shape, torch_dtype(state_dtype), offset).into_bytes();
         let len = state.len();
-        tensors.push(OutTensor::u8(format!("{name}.quant_state.bitsandbytes__nf4"), vec![len], state));
+        tensors.push(OutTensor::u8(
+            format!("{name}.quant_state.bitsandbytes__nf4"),
+            vec![len],
+            state,
+        ));
         quantized += 1;
     }
     if quantized != targets.len() {
-        let missing = targets.keys().find(|k| !ck.contains(k)).cloned().unwrap_or_default();
-        return Err(ModelError::MissingTensor { name: missing, dir: src.to_path_buf() });
+        let missing = targets
+            .keys()
+            .find(|k| !ck.contains(k))
+            .cloned()
+            .unwrap_or_default();
+        return Err(ModelError::MissingTensor {
+            name: missing,
+            dir: src.to_path_buf(),
+        });
     }
     std::fs::create_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     let copied = tensors.len() - quantized * if double_quant { 6 } else { 4 };
@@ -178,10 +242,17 @@ pub fn quantize_checkpoint(src: &Path, out: &Path, options: QuantizeOptions) -> 
     write_safetensors(&weights, &tensors, Some(meta))?;
 
     // config.json with the quantization_config transformers writes.
-    let text = std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
     let mut json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ModelError::Json { path: config_path.clone(), message: e.to_string() })?;
-    let compute_dtype = options.dtype.map(|d| torch_dtype(d.safetensors())).unwrap_or("float32");
+        serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+    let compute_dtype = options
+        .dtype
+        .map(|d| torch_dtype(d.safetensors()))
+        .unwrap_or("float32");
     if let Some(d) = options.dtype {
         json["dtype"] = serde_json::Value::from(torch_dtype(d.safetensors()));
     }
@@ -200,17 +271,30 @@ pub fn quantize_checkpoint(src: &Path, out: &Path, options: QuantizeOptions) -> 
         "load_in_8bit": false,
         "quant_method": "bitsandbytes"
     });
-    let pretty = serde_json::to_string_pretty(&json).map_err(|e| ModelError::Json { path: config_path, message: e.to_string() })?;
+    let pretty = serde_json::to_string_pretty(&json).map_err(|e| ModelError::Json {
+        path: config_path,
+        message: e.to_string(),
+    })?;
     write_atomic(&out.join("config.json"), pretty.as_bytes())?;
-    for extra in ["generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+    for extra in [
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
         let from = src.join(extra);
         if from.exists() {
             let bytes = std::fs::read(&from).map_err(|e| ModelError::io(&from, e))?;
             write_atomic(&out.join(extra), &bytes)?;
         }
     }
-    let bytes = std::fs::metadata(&weights).map_err(|e| ModelError::io(&weights, e))?.len();
-    Ok(QuantizeReport { quantized, copied, bytes })
+    let bytes = std::fs::metadata(&weights)
+        .map_err(|e| ModelError::io(&weights, e))?
+        .len();
+    Ok(QuantizeReport {
+        quantized,
+        copied,
+        bytes,
+    })
 }
 
 #[cfg(test)]

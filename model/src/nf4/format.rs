@@ -88,7 +88,11 @@ pub fn quantize_nf4(weight: &[f32]) -> Nf4Quantized {
             codes.extend(std::iter::repeat_n(7u8, block.len()));
         } else {
             let scale = 1.0 / max;
-            codes.extend(block.iter().map(|v| quantize_scaled((v * scale).clamp(-1.0, 1.0))));
+            codes.extend(
+                block
+                    .iter()
+                    .map(|v| quantize_scaled((v * scale).clamp(-1.0, 1.0))),
+            );
         }
     }
     if codes.len() % 2 == 1 {
@@ -195,11 +199,21 @@ pub fn quantize_absmax(absmax: &[f32]) -> NestedAbsmax {
             quantized.push(idx as u8);
         }
     }
-    NestedAbsmax { quantized, nested_absmax: nested, nested_code: code.to_vec(), offset }
+    NestedAbsmax {
+        quantized,
+        nested_absmax: nested,
+        nested_code: code.to_vec(),
+        offset,
+    }
 }
 
 /// Dequantizes double-quantized absmax: `code[q] * nested_absmax[i / 256] + offset`.
-pub fn dequantize_absmax(quantized: &[u8], nested_absmax: &[f32], nested_code: &[f32], offset: f32) -> Vec<f32> {
+pub fn dequantize_absmax(
+    quantized: &[u8],
+    nested_absmax: &[f32],
+    nested_code: &[f32],
+    offset: f32,
+) -> Vec<f32> {
     quantized
         .iter()
         .enumerate()
@@ -253,9 +267,17 @@ mod tests {
         for (i, t) in NF4_THRESHOLDS.iter().enumerate() {
             let mid = (NF4_CODE[i] as f64 + NF4_CODE[i + 1] as f64) / 2.0;
             assert!((*t as f64 - mid).abs() < 1e-7, "threshold {i}");
-            assert_eq!(quantize_scaled(*t), i as u8, "a value on threshold {i} goes down");
+            assert_eq!(
+                quantize_scaled(*t),
+                i as u8,
+                "a value on threshold {i} goes down"
+            );
             // the next f32 above the threshold goes up
-            let above = if *t > 0.0 { t.to_bits() + 1 } else { t.to_bits() - 1 };
+            let above = if *t > 0.0 {
+                t.to_bits() + 1
+            } else {
+                t.to_bits() - 1
+            };
             assert_eq!(quantize_scaled(f32::from_bits(above)), i as u8 + 1);
         }
         assert_eq!(quantize_scaled(f32::NAN), 0);

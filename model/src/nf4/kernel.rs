@@ -5,20 +5,25 @@
 //! and scales it by its block's absmax. The matmul against the dequantized weight is burn's own
 //! (autotuned) matmul; the temporary weight lives only for the duration of the projection.
 
-use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::Shape;
+use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn_cubecl::element::BoolElement;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
-use cubecl::{calculate_cube_count_elemwise, CubeDim};
+use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
 use super::ops::Nf4Backend;
 
 /// Dequantizes eight NF4 codes per invocation: `output[e] = table[code(e)] * absmax[e / 64]`.
 #[cube(launch)]
-pub fn nf4_dequantize_kernel<F: Float>(codes: &Tensor<u32>, absmax: &Tensor<F>, table: &Tensor<F>, output: &mut Tensor<F>) {
+pub fn nf4_dequantize_kernel<F: Float>(
+    codes: &Tensor<u32>,
+    absmax: &Tensor<F>,
+    table: &Tensor<F>,
+    output: &mut Tensor<F>,
+) {
     let word_index = ABSOLUTE_POS;
     let n = output.len();
     let base = word_index * 8;
@@ -37,7 +42,9 @@ pub fn nf4_dequantize_kernel<F: Float>(codes: &Tensor<u32>, absmax: &Tensor<F>, 
     }
 }
 
-impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend for CubeBackend<R, F, I, BT> {
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
+    for CubeBackend<R, F, I, BT>
+{
     fn nf4_dequantize(
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
@@ -51,7 +58,13 @@ impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
         let n = rows * cols;
         let client = absmax.client.clone();
         let buffer = client.empty(n * core::mem::size_of::<F>());
-        let output = CubeTensor::new_contiguous(client.clone(), absmax.device.clone(), Shape::from([rows, cols]), buffer, F::dtype());
+        let output = CubeTensor::new_contiguous(
+            client.clone(),
+            absmax.device.clone(),
+            Shape::from([rows, cols]),
+            buffer,
+            F::dtype(),
+        );
         let words = n.div_ceil(8);
         let cube_dim = CubeDim::new(&client, words);
         let cube_count = calculate_cube_count_elemwise(&client, words, cube_dim);

@@ -10,4 +10,4 @@ pub mod ops;
 #[cfg(any(feature = "ndarray", feature = "candle"))]
 mod other_cpu;
 
-pub use ops::{codes_bytes, codes_tensor, Nf4Backend};
+pub use ops::{Nf4Backend, codes_bytes, codes_tensor};

@@ -11,7 +11,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
+use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 
 use super::cpu;
@@ -44,9 +44,22 @@ pub trait Nf4Backend: Backend {
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self> {
-        let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
-        Self::float_transpose(Self::float_matmul(w, Self::float_transpose(x)))
+        dequantize_then_matmul::<Self>(x, codes, absmax, table, rows, cols)
     }
+}
+
+/// `x · Wᵀ` by dequantizing `W` into a temporary and computing `(W · xᵀ)ᵀ` with the backend's
+/// matmul, so the temporary is read in its row-major layout.
+pub fn dequantize_then_matmul<B: Nf4Backend>(
+    x: FloatTensor<B>,
+    codes: IntTensor<B>,
+    absmax: FloatTensor<B>,
+    table: FloatTensor<B>,
+    rows: usize,
+    cols: usize,
+) -> FloatTensor<B> {
+    let w = B::nf4_dequantize(codes, absmax, table, rows, cols);
+    B::float_transpose(B::float_matmul(w, B::float_transpose(x)))
 }
 
 /// Uploads bitsandbytes' packed bytes as a `u32` code tensor.
@@ -71,7 +84,9 @@ pub fn codes_bytes<B: Backend>(codes: &Tensor<B, 1, Int>, len: usize) -> Vec<u8>
 fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
     match codes.as_slice::<u32>() {
         Some(words) => f(words),
-        None if codes.dtype() == DType::U32 => f(codes.to_contiguous().as_slice::<u32>().expect("contiguous")),
+        None if codes.dtype() == DType::U32 => {
+            f(codes.to_contiguous().as_slice::<u32>().expect("contiguous"))
+        }
         None => {
             // Codes uploaded through a path that widened them: recover the bit patterns.
             let data = Tensor::<Flex, 1, Int>::from_primitive(codes.clone()).into_data();
@@ -85,9 +100,13 @@ fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
 fn with_f32<R>(tensor: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
     match tensor.as_slice::<f32>() {
         Some(values) => f(values),
-        None if tensor.dtype() == DType::F32 => f(tensor.to_contiguous().as_slice::<f32>().expect("contiguous")),
+        None if tensor.dtype() == DType::F32 => f(tensor
+            .to_contiguous()
+            .as_slice::<f32>()
+            .expect("contiguous")),
         None => {
-            let data = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(tensor.clone())).into_data();
+            let data = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(tensor.clone()))
+                .into_data();
             f(&data.iter::<f32>().collect::<Vec<f32>>())
         }
     }
@@ -115,7 +134,11 @@ impl Nf4Backend for Flex {
         cols: usize,
     ) -> FloatTensor<Self> {
         let table = table_values(&table);
-        let out = with_words(&codes, |words| with_f32(&absmax, |absmax| cpu::dequantize(words, absmax, &table, rows, cols)));
+        let out = with_words(&codes, |words| {
+            with_f32(&absmax, |absmax| {
+                cpu::dequantize(words, absmax, &table, rows, cols)
+            })
+        });
         flex_float(out, [rows, cols])
     }
 
@@ -129,12 +152,15 @@ impl Nf4Backend for Flex {
     ) -> FloatTensor<Self> {
         let m = burn::tensor::TensorMetadata::shape(&x)[0];
         if m > CPU_FUSED_MAX_ROWS {
-            let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
-            return Self::float_transpose(Self::float_matmul(w, Self::float_transpose(x)));
+            return dequantize_then_matmul::<Self>(x, codes, absmax, table, rows, cols);
         }
         let table = table_values(&table);
         let out = with_words(&codes, |words| {
-            with_f32(&absmax, |absmax| with_f32(&x, |xs| cpu::linear(xs, m, words, absmax, &table, rows, cols)))
+            with_f32(&absmax, |absmax| {
+                with_f32(&x, |xs| {
+                    cpu::linear(xs, m, words, absmax, &table, rows, cols)
+                })
+            })
         });
         flex_float(out, [m, rows])
     }
@@ -162,7 +188,9 @@ mod tests {
     #[test]
     fn cpu_ops_match_the_format() {
         let (rows, cols) = (24, 96);
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 70.0).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 70.0)
+            .collect();
         let q = quantize_nf4(&w);
         let device = Default::default();
         let codes = codes_tensor::<Flex>(&q.packed, &device);
@@ -177,11 +205,15 @@ mod tests {
             rows,
             cols,
         );
-        let got = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(got)).into_data().to_vec::<f32>().unwrap();
+        let got = Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(got))
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
         assert_eq!(got, dense);
         let wt = Tensor::<Flex, 2>::from_data(TensorData::new(dense, [rows, cols]), &device);
         for m in [1, 3, CPU_FUSED_MAX_ROWS + 5] {
-            let x = Tensor::<Flex, 2>::random([m, cols], burn::tensor::Distribution::Default, &device);
+            let x =
+                Tensor::<Flex, 2>::random([m, cols], burn::tensor::Distribution::Default, &device);
             let want = x.clone().matmul(wt.clone().transpose());
             let got = Flex::nf4_linear(
                 x.into_primitive().tensor(),

@@ -1,12 +1,13 @@
 //! NF4 operations for the other CPU backends burn 0.21 offers, compiled only when their feature
-//! is on (they exist to measure which CPU backend is fastest; see `docs/benchmarks.md`). Both go
-//! through `TensorData`, copying codes on every call — fine for a comparison of dense models.
+//! is on (they exist to measure which CPU backend is fastest; see `docs/benchmarks.md`). Both
+//! dequantize through `TensorData`, copying codes on every call, and multiply with the default
+//! dequantize-then-matmul — fine for a comparison of dense models.
 
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use super::cpu;
-use super::ops::{Nf4Backend, CPU_FUSED_MAX_ROWS};
+use super::ops::Nf4Backend;
 
 /// Host copies of a code tensor's words, absmax, table and (optionally) an input.
 fn host<B: burn::tensor::backend::Backend>(
@@ -19,48 +20,52 @@ fn host<B: burn::tensor::backend::Backend>(
         Ok(w) => w.to_vec(),
         Err(_) => words.iter::<i64>().map(|v| v as u32).collect(),
     };
-    let absmax: Vec<f32> = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(absmax)).into_data().iter::<f32>().collect();
-    let t: Vec<f32> = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(table)).into_data().iter::<f32>().collect();
+    let absmax: Vec<f32> = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(absmax))
+        .into_data()
+        .iter::<f32>()
+        .collect();
+    let t: Vec<f32> = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(table))
+        .into_data()
+        .iter::<f32>()
+        .collect();
     let mut table = [0f32; 16];
     table.copy_from_slice(&t[..16]);
     (words, absmax, table)
 }
 
-fn float<B: burn::tensor::backend::Backend>(values: Vec<f32>, shape: [usize; 2], device: &B::Device) -> FloatTensor<B> {
-    Tensor::<B, 2>::from_data(TensorData::new(values, shape), device).into_primitive().tensor()
+fn float<B: burn::tensor::backend::Backend>(
+    values: Vec<f32>,
+    shape: [usize; 2],
+    device: &B::Device,
+) -> FloatTensor<B> {
+    Tensor::<B, 2>::from_data(TensorData::new(values, shape), device)
+        .into_primitive()
+        .tensor()
+}
+
+/// Implements [`Nf4Backend`] for a backend through host copies.
+macro_rules! host_nf4 {
+    ($backend:ty) => {
+        impl Nf4Backend for $backend {
+            fn nf4_dequantize(
+                codes: IntTensor<Self>,
+                absmax: FloatTensor<Self>,
+                table: FloatTensor<Self>,
+                rows: usize,
+                cols: usize,
+            ) -> FloatTensor<Self> {
+                let (words, absmax, table) = host::<Self>(codes, absmax, table);
+                float::<Self>(
+                    cpu::dequantize(&words, &absmax, &table, rows, cols),
+                    [rows, cols],
+                    &Default::default(),
+                )
+            }
+        }
+    };
 }
 
 #[cfg(feature = "ndarray")]
-impl Nf4Backend for burn::backend::NdArray {
-    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, table: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self> {
-        let (words, absmax, table) = host::<Self>(codes, absmax, table);
-        float::<Self>(cpu::dequantize(&words, &absmax, &table, rows, cols), [rows, cols], &Default::default())
-    }
-
-    fn nf4_linear(
-        x: FloatTensor<Self>,
-        codes: IntTensor<Self>,
-        absmax: FloatTensor<Self>,
-        table: FloatTensor<Self>,
-        rows: usize,
-        cols: usize,
-    ) -> FloatTensor<Self> {
-        use burn::tensor::ops::FloatTensorOps;
-        let m = burn::tensor::TensorMetadata::shape(&x)[0];
-        if m > CPU_FUSED_MAX_ROWS {
-            let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
-            return Self::float_transpose(Self::float_matmul(w, Self::float_transpose(x)));
-        }
-        let (words, absmax, table) = host::<Self>(codes, absmax, table);
-        let xs: Vec<f32> = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(x)).into_data().iter::<f32>().collect();
-        float::<Self>(cpu::linear(&xs, m, &words, &absmax, &table, rows, cols), [m, rows], &Default::default())
-    }
-}
-
+host_nf4!(burn::backend::NdArray);
 #[cfg(feature = "candle")]
-impl Nf4Backend for burn::backend::Candle {
-    fn nf4_dequantize(codes: IntTensor<Self>, absmax: FloatTensor<Self>, table: FloatTensor<Self>, rows: usize, cols: usize) -> FloatTensor<Self> {
-        let (words, absmax, table) = host::<Self>(codes, absmax, table);
-        float::<Self>(cpu::dequantize(&words, &absmax, &table, rows, cols), [rows, cols], &Default::default())
-    }
-}
+host_nf4!(burn::backend::Candle);

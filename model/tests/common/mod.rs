@@ -22,12 +22,19 @@ pub struct Reference {
 
 fn i64s(ck: &Checkpoint, name: &str) -> (Vec<usize>, Vec<i64>) {
     let raw = ck.raw(name).unwrap();
-    let values = raw.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+    let values = raw
+        .data
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
     (raw.shape, values)
 }
 
 fn rows<T: Copy>(shape: &[usize], values: &[i64], f: impl Fn(i64) -> T) -> Vec<Vec<T>> {
-    values.chunks(shape[1]).map(|r| r.iter().map(|&v| f(v)).collect()).collect()
+    values
+        .chunks(shape[1])
+        .map(|r| r.iter().map(|&v| f(v)).collect())
+        .collect()
 }
 
 impl Reference {
