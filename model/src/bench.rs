@@ -7,7 +7,9 @@
 
 use std::time::Instant;
 
-use burn::tensor::{Distribution, ElementConversion, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{
+    DType, Distribution, ElementConversion, FloatDType, Tensor, TensorData, TensorPrimitive,
+};
 use serde_json::{Value, json};
 
 use crate::error::{ModelError, Result};
@@ -180,8 +182,9 @@ pub fn forward_pass<B: Nf4Backend>(
 }
 
 /// NF4 projection throughput against dense f32 on Qwen2.5-1.5B's projection shapes, for each
-/// number of input rows in `rows`: the backend's `nf4_linear` (fused for few rows on the CPU)
-/// and dequantize-then-matmul, with weight sizes for f32, bf16 and NF4.
+/// number of input rows in `rows`: the backend's `nf4_linear` (the tiled kernel on the CPU)
+/// and dequantize-then-matmul, a dense bf16 weight where the backend supports bf16 (`null`
+/// otherwise), with weight sizes for f32, bf16 and NF4.
 pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Device) -> Value {
     let shapes = [
         ("q_proj/o_proj", 1536, 1536),
@@ -198,10 +201,13 @@ pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Devic
                 .to_vec()
                 .expect("f32 weights");
         let nf4 = Nf4Weight::<B>::quantize(&weight, out_f, in_f, device);
-        let dense = Linear::dense(
-            Tensor::<B, 2>::from_data(TensorData::new(weight, [out_f, in_f]), device),
-            None,
-        );
+        let dense_weight =
+            Tensor::<B, 2>::from_data(TensorData::new(weight, [out_f, in_f]), device);
+        // bf16 storage where the backend has it: the weight stays bf16, the input is cast per
+        // call and the product cast back to f32, as a bf16 base would be used.
+        let bf16_weight = B::supports_dtype(device, DType::BF16)
+            .then(|| dense_weight.clone().cast(FloatDType::BF16));
+        let dense = Linear::dense(dense_weight, None);
         for &m in rows {
             let inputs: Vec<Tensor<B, 2>> = (0..=iters)
                 .map(|_| Tensor::random([m, in_f], Distribution::Default, device))
@@ -231,14 +237,89 @@ pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Devic
                 )))
             });
             let dequant_s = time(&|x| nf4.dequantize().matmul(x.transpose()).transpose());
+            let bf16_s = bf16_weight.as_ref().map(|w| {
+                time(&|x| {
+                    w.clone()
+                        .matmul(x.cast(FloatDType::BF16).transpose())
+                        .transpose()
+                        .cast(FloatDType::F32)
+                })
+            });
             let flops = 2.0 * (m * out_f * in_f) as f64;
             results.push(json!({
                 "projection": name, "rows": out_f, "cols": in_f, "m": m,
-                "dense_f32_s": dense_s, "nf4_s": nf4_s, "nf4_dequant_matmul_s": dequant_s,
+                "dense_f32_s": dense_s, "dense_bf16_s": bf16_s, "nf4_s": nf4_s,
+                "nf4_dequant_matmul_s": dequant_s,
                 "dense_gflops": flops / dense_s / 1e9, "nf4_gflops": flops / nf4_s / 1e9,
                 "nf4_vs_dense": dense_s / nf4_s,
                 "weight_bytes_f32": out_f * in_f * 4, "weight_bytes_bf16": out_f * in_f * 2,
                 "weight_bytes_nf4": (out_f * in_f).div_ceil(2) + (out_f * in_f).div_ceil(64) * 4,
+            }));
+        }
+    }
+    json!({ "results": results })
+}
+
+/// The two host NF4 kernels side by side on Qwen2.5-1.5B's projection shapes, for each number of
+/// input rows in `rows`: the fused kernel (`nf4::cpu::linear`, decode a block, dot it with every
+/// row) and the tiled one (`nf4::cpu::linear_tiled`, decode a tile of rows into reused scratch,
+/// multiply with `gemm`). Medians of `iters` runs on fresh inputs. The measurement behind the
+/// CPU backend's choice of the tiled kernel.
+pub fn nf4_cpu_kernels(rows: &[usize], iters: usize) -> Value {
+    use crate::nf4::{cpu, format};
+    let shapes = [
+        ("q_proj/o_proj", 1536, 1536),
+        ("k_proj/v_proj", 256, 1536),
+        ("gate/up_proj", 8960, 1536),
+        ("down_proj", 1536, 8960),
+    ];
+    let iters = iters.max(1);
+    let mut results = Vec::new();
+    for (name, out_f, in_f) in shapes {
+        let weight: Vec<f32> = (0..out_f * in_f)
+            .map(|i: usize| ((i.wrapping_mul(2654435761) % 10007) as f32 / 10007.0 - 0.5) * 0.04)
+            .collect();
+        let q = format::quantize_nf4(&weight);
+        let words = cpu::pack_words(&q.packed);
+        drop(weight);
+        for &m in rows {
+            let inputs: Vec<Vec<f32>> = (0..=iters)
+                .map(|salt| {
+                    (0..m * in_f)
+                        .map(|i| ((i * 31 + salt * 7) % 97) as f32 / 97.0 - 0.5)
+                        .collect()
+                })
+                .collect();
+            let time = |kernel: fn(
+                &[f32],
+                usize,
+                &[u32],
+                &[f32],
+                &[f32; 16],
+                usize,
+                usize,
+            ) -> Vec<f32>| {
+                let run = |x: &[f32]| {
+                    let y = kernel(x, m, &words, &q.absmax, &format::NF4_CODE, out_f, in_f);
+                    std::hint::black_box(y[0]);
+                };
+                run(&inputs[0]);
+                median(
+                    inputs[1..]
+                        .iter()
+                        .map(|x| {
+                            let t = Instant::now();
+                            run(x);
+                            t.elapsed().as_secs_f64()
+                        })
+                        .collect(),
+                )
+            };
+            let fused = time(cpu::linear);
+            let tiled = time(cpu::linear_tiled);
+            results.push(json!({
+                "projection": name, "rows": out_f, "cols": in_f, "m": m,
+                "fused_s": fused, "tiled_s": tiled, "tiled_vs_fused": fused / tiled,
             }));
         }
     }

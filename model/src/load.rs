@@ -230,16 +230,29 @@ fn build<B: Backend>(
             device,
         )
     };
+    // Each projection is quantized as soon as it is drawn, so an NF4 model never holds more
+    // than one projection in f32.
+    let mut base = |rows: usize, cols: usize| {
+        if quantize {
+            let host = tensor2(rows, cols)
+                .into_data()
+                .to_vec::<f32>()
+                .expect("f32 weights");
+            BaseWeight::Nf4(Nf4Weight::quantize(&host, rows, cols, device))
+        } else {
+            BaseWeight::Dense(tensor2(rows, cols))
+        }
+    };
     let mut layers_raw = Vec::new();
     for _ in 0..config.num_hidden_layers {
         layers_raw.push([
-            tensor2(heads * d, hidden),
-            tensor2(kv * d, hidden),
-            tensor2(kv * d, hidden),
-            tensor2(hidden, heads * d),
-            tensor2(inter, hidden),
-            tensor2(inter, hidden),
-            tensor2(hidden, inter),
+            base(heads * d, hidden),
+            base(kv * d, hidden),
+            base(kv * d, hidden),
+            base(hidden, heads * d),
+            base(inter, hidden),
+            base(inter, hidden),
+            base(hidden, inter),
         ]);
     }
     let embed = tensor2(config.vocab_size, hidden);
@@ -248,18 +261,10 @@ fn build<B: Backend>(
         Tensor::<B, 1>::from_data(TensorData::new(values(len, kind), [len]), device)
     };
     let eps = config.rms_norm_eps;
-    let linear = |w: Tensor<B, 2>, bias: Option<Tensor<B, 1>>| {
-        if quantize {
-            let [rows, cols] = w.dims();
-            let host = w.into_data().to_vec::<f32>().expect("f32 weights");
-            Linear {
-                weight: BaseWeight::Nf4(Nf4Weight::quantize(&host, rows, cols, device)),
-                bias,
-                lora: None,
-            }
-        } else {
-            Linear::dense(w, bias)
-        }
+    let linear = |weight: BaseWeight<B>, bias: Option<Tensor<B, 1>>| Linear {
+        weight,
+        bias,
+        lora: None,
     };
     let layers = layers_raw
         .into_iter()

@@ -8,7 +8,8 @@
 //! - `bench forward`: one forward pass of a randomly initialised model of a named shape (the
 //!   Qwen2.5-Coder-1.5B shape by default), time and peak RSS.
 //! - `bench nf4`: NF4 projection throughput against dense f32 on the Qwen2.5-1.5B projection
-//!   shapes, for decode-sized and prefill-sized inputs, fused and dequantize-then-matmul.
+//!   shapes, for decode-sized and prefill-sized inputs: the backend's kernel, dequantize-then-
+//!   matmul, dense bf16; with `--cpu-kernels`, the fused and tiled host kernels side by side.
 //!
 //! The measurements themselves live in `fathom_model::bench`.
 
@@ -17,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use fathom_model::bench::{Protocol, forward_pass, nf4_matmul, throughput};
+use fathom_model::bench::{Protocol, forward_pass, nf4_cpu_kernels, nf4_matmul, throughput};
 use fathom_model::nf4::Nf4Backend;
 use fathom_model::{Qwen2Config, Qwen2ForCausalLM};
 
@@ -110,6 +111,13 @@ pub struct Nf4Bench {
     /// Compute backend.
     #[arg(long, value_enum, default_value = "cpu")]
     backend: BackendKind,
+    /// Also compare the two host NF4 kernels (fused and tiled) directly, the measurement behind
+    /// the CPU backend's choice between them.
+    #[arg(long)]
+    cpu_kernels: bool,
+    /// Input rows for `--cpu-kernels`.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+    kernel_rows: Vec<usize>,
 }
 
 /// Arguments of `xtask make-model`.
@@ -163,6 +171,9 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Nf4(args) => crate::with_backend!(args.backend, |B, device| {
             let mut out = nf4_matmul::<B>(&args.rows, args.iters, &device);
             out["backend"] = format!("{:?}", args.backend).to_lowercase().into();
+            if args.cpu_kernels {
+                out["cpu_kernels"] = nf4_cpu_kernels(&args.kernel_rows, args.iters);
+            }
             println!("{out}");
             Ok(())
         }),

@@ -1,5 +1,6 @@
-//! The CPU NF4 kernels, in plain Rust over host slices: dequantization into a buffer, and a fused
-//! dequantize-and-multiply for the few-row inputs of decoding.
+//! The CPU NF4 kernels, in plain Rust over host slices: dequantization into a buffer, a fused
+//! dequantize-and-multiply for the few-row inputs of decoding, and a tiled one (dequantize a tile
+//! of rows into reused scratch, multiply it with `gemm`) for prefill-sized inputs.
 //!
 //! Codes arrive as little-endian `u32` words holding bitsandbytes' bytes in order (four bytes,
 //! eight codes per word; element `e` is in byte `e / 2`, high nibble when `e` is even). Blocks of
@@ -155,6 +156,91 @@ pub fn linear(
     out
 }
 
+/// Weight elements one tile of [`linear_tiled`] dequantizes (1 MiB of f32): large enough for
+/// the matmul to run at speed, small enough to stay in cache between decode and use.
+const TILE_ELEMS: usize = 256 * 1024;
+
+/// Decodes elements `e .. e + out.len()` in runs that never cross a block.
+fn decode_range(
+    words: &[u32],
+    table: &[f32; 16],
+    pairs: &[[f32; 2]; 256],
+    absmax: &[f32],
+    e: usize,
+    out: &mut [f32],
+) {
+    let mut done = 0;
+    while done < out.len() {
+        let at = e + done;
+        let run = ((at / BLOCK + 1) * BLOCK - at).min(out.len() - done);
+        decode_run(words, table, pairs, absmax, at, &mut out[done..done + run]);
+        done += run;
+    }
+}
+
+/// `y = x · Wᵀ` like [`linear`], for many input rows: the weight is dequantized a tile of rows
+/// at a time into a per-thread scratch buffer that is reused for every tile, and each tile is
+/// multiplied with `gemm` (the matmul kernel burn's Flex uses). Nothing weight-sized is ever
+/// allocated, so there are no page faults for a fresh full-size temporary on every call.
+/// Returns `[m, rows]` row-major.
+pub fn linear_tiled(
+    x: &[f32],
+    m: usize,
+    words: &[u32],
+    absmax: &[f32],
+    table: &[f32; 16],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    assert_eq!(x.len(), m * cols, "input has the wrong size");
+    let mut out = vec![0f32; m * rows];
+    if m == 0 || rows == 0 || cols == 0 {
+        return out;
+    }
+    let pairs = pair_table(table);
+    let tile_rows = (TILE_ELEMS / cols).clamp(16, rows.max(16)).min(rows);
+    let tiles = rows.div_ceil(tile_rows);
+    // Tiles write disjoint column ranges of `out`; the address crosses threads as an integer.
+    let dst = out.as_mut_ptr() as usize;
+    (0..tiles).into_par_iter().for_each_init(
+        || vec![0f32; tile_rows * cols],
+        |scratch, t| {
+            let r0 = t * tile_rows;
+            let n = tile_rows.min(rows - r0);
+            let tile = &mut scratch[..n * cols];
+            decode_range(words, table, &pairs, absmax, r0 * cols, tile);
+            // SAFETY: dst (m × n, row stride `rows`) is the columns r0..r0+n of `out`, which
+            // lives for the whole call and which no other tile touches; lhs is `x` (m × cols,
+            // row-major) and rhs the tile read transposed (cols × n: element (k, j) at
+            // tile[j * cols + k]); every index stays inside its slice.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    cols,
+                    (dst as *mut f32).add(r0),
+                    1,
+                    rows as isize,
+                    false,
+                    x.as_ptr(),
+                    1,
+                    cols as isize,
+                    tile.as_ptr(),
+                    cols as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        },
+    );
+    out
+}
+
 /// Packs bitsandbytes' bytes into little-endian `u32` words (zero-padded to a whole word).
 pub fn pack_words(bytes: &[u8]) -> Vec<u32> {
     bytes
@@ -201,7 +287,14 @@ mod tests {
 
     #[test]
     fn fused_linear_matches_dequantize_then_matmul() {
-        for (rows, cols, m) in [(6, 64, 1), (3, 160, 2), (5, 96, 3), (2, 7, 2)] {
+        for (rows, cols, m) in [
+            (6, 64, 1),
+            (3, 160, 2),
+            (5, 96, 3),
+            (2, 7, 2),
+            (40, 96, 19),
+            (300, 1000, 9),
+        ] {
             let w = weight(rows, cols);
             let q = quantize_nf4(&w);
             let words = pack_words(&q.packed);
@@ -209,17 +302,21 @@ mod tests {
             let x: Vec<f32> = (0..m * cols)
                 .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
                 .collect();
-            let y = linear(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
-            for i in 0..m {
-                for r in 0..rows {
-                    let want: f32 = (0..cols)
-                        .map(|c| x[i * cols + c] * dense[r * cols + c])
-                        .sum();
-                    assert!(
-                        (y[i * rows + r] - want).abs() < 1e-4,
-                        "{rows}x{cols} m={m}: {} vs {want}",
-                        y[i * rows + r]
-                    );
+            let fused = linear(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
+            let tiled = linear_tiled(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
+            for y in [fused, tiled] {
+                for i in 0..m {
+                    for r in 0..rows {
+                        let terms = (0..cols).map(|c| x[i * cols + c] * dense[r * cols + c]);
+                        let want: f32 = terms.clone().sum();
+                        // Summation order differs between kernels: bound by the magnitudes.
+                        let scale = terms.map(f32::abs).sum::<f32>().max(1.0);
+                        assert!(
+                            (y[i * rows + r] - want).abs() < 1e-5 * scale,
+                            "{rows}x{cols} m={m}: {} vs {want}",
+                            y[i * rows + r]
+                        );
+                    }
                 }
             }
         }

@@ -16,11 +16,6 @@ use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 
 use super::cpu;
 
-/// Largest number of input rows for which the CPU uses the fused kernel rather than
-/// dequantizing into a buffer and calling the backend's matmul (measured by
-/// `cargo bench -p fathom-model --bench nf4`; see `docs/benchmarks.md`).
-pub const CPU_FUSED_MAX_ROWS: usize = 8;
-
 /// A backend that can compute with NF4 weights.
 pub trait Nf4Backend: Backend {
     /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block and the
@@ -150,15 +145,14 @@ impl Nf4Backend for Flex {
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self> {
+        // The tiled kernel at every size: measured faster than the fused one in total over a
+        // layer's projections from one input row up (`cargo xtask bench nf4 --cpu-kernels`).
         let m = burn::tensor::TensorMetadata::shape(&x)[0];
-        if m > CPU_FUSED_MAX_ROWS {
-            return dequantize_then_matmul::<Self>(x, codes, absmax, table, rows, cols);
-        }
         let table = table_values(&table);
         let out = with_words(&codes, |words| {
             with_f32(&absmax, |absmax| {
                 with_f32(&x, |xs| {
-                    cpu::linear(xs, m, words, absmax, &table, rows, cols)
+                    cpu::linear_tiled(xs, m, words, absmax, &table, rows, cols)
                 })
             })
         });
@@ -211,7 +205,7 @@ mod tests {
             .unwrap();
         assert_eq!(got, dense);
         let wt = Tensor::<Flex, 2>::from_data(TensorData::new(dense, [rows, cols]), &device);
-        for m in [1, 3, CPU_FUSED_MAX_ROWS + 5] {
+        for m in [1, 3, 13, 40] {
             let x =
                 Tensor::<Flex, 2>::random([m, cols], burn::tensor::Distribution::Default, &device);
             let want = x.clone().matmul(wt.clone().transpose());
