@@ -141,11 +141,16 @@ impl<B: Nf4Backend> Linear<B> {
 
     /// `x · Wᵀ` through the base alone, for `x` `[m, in_features]`.
     ///
-    /// Computed as `(W · xᵀ)ᵀ`: the weight stays in its stored row-major layout and only the
-    /// activation is transposed, so no backend ever copies a transposed weight.
+    /// Through the backend's [`Nf4Backend::dense_linear`] / [`Nf4Backend::nf4_linear`]: the
+    /// weight stays in its stored row-major layout, so no backend copies a transposed weight.
     pub fn base_forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.weight {
-            BaseWeight::Dense(w) => w.clone().matmul(x.transpose()).transpose(),
+            BaseWeight::Dense(w) => {
+                Tensor::from_primitive(TensorPrimitive::Float(B::dense_linear(
+                    x.into_primitive().tensor(),
+                    w.clone().into_primitive().tensor(),
+                )))
+            }
             BaseWeight::Nf4(w) => Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
                 x.into_primitive().tensor(),
                 w.codes.clone().into_primitive(),

@@ -8,9 +8,9 @@
 //! axis of one batched matmul.
 
 use burn::module::Module;
-use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::cache::KvCache;
 use crate::config::Qwen2Config;
@@ -212,14 +212,18 @@ impl<B: Nf4Backend> Qwen2ForCausalLM<B> {
             None => {
                 let [batch, seq, width] = hidden.dims();
                 let vocab = self.config.vocab_size;
-                // (E · hᵀ)ᵀ keeps the [vocab, hidden] embedding in its stored layout.
+                // The [vocab, hidden] embedding is used in its stored layout, like any weight.
                 let flat = hidden.reshape([batch * seq, width]);
-                self.model
-                    .embed_tokens
-                    .weight
-                    .clone()
-                    .matmul(flat.transpose())
-                    .transpose()
+                let logits = B::dense_linear(
+                    flat.into_primitive().tensor(),
+                    self.model
+                        .embed_tokens
+                        .weight
+                        .clone()
+                        .into_primitive()
+                        .tensor(),
+                );
+                Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(logits))
                     .reshape([batch, seq, vocab])
             }
         }

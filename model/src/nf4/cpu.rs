@@ -1,6 +1,7 @@
-//! The CPU NF4 kernels, in plain Rust over host slices: dequantization into a buffer, a fused
-//! dequantize-and-multiply for the few-row inputs of decoding, and a tiled one (dequantize a tile
-//! of rows into reused scratch, multiply it with `gemm`) for prefill-sized inputs.
+//! The CPU projection kernels, in plain Rust over host slices: NF4 dequantization into a buffer,
+//! a fused NF4 dequantize-and-multiply (decode a block, dot it with every input row; kept as the
+//! measured alternative), and the tiled kernels the CPU backend uses — dequantize a tile of rows
+//! into reused scratch (or take it from a dense weight) and multiply it with `gemm`.
 //!
 //! Codes arrive as little-endian `u32` words holding bitsandbytes' bytes in order (four bytes,
 //! eight codes per word; element `e` is in byte `e / 2`, high nibble when `e` is even). Blocks of
@@ -178,37 +179,54 @@ fn decode_range(
     }
 }
 
-/// `y = x · Wᵀ` like [`linear`], for many input rows: the weight is dequantized a tile of rows
-/// at a time into a per-thread scratch buffer that is reused for every tile, and each tile is
-/// multiplied with `gemm` (the matmul kernel burn's Flex uses). Nothing weight-sized is ever
-/// allocated, so there are no page faults for a fresh full-size temporary on every call.
-/// Returns `[m, rows]` row-major.
-pub fn linear_tiled(
-    x: &[f32],
-    m: usize,
-    words: &[u32],
-    absmax: &[f32],
-    table: &[f32; 16],
-    rows: usize,
-    cols: usize,
-) -> Vec<f32> {
+/// Where [`tiled_gemm`] gets a tile of weight rows from.
+enum TileSource<'a> {
+    /// A dense row-major f32 weight: tiles are slices of it.
+    Dense(&'a [f32]),
+    /// An NF4 weight: tiles are decoded into per-thread scratch.
+    Nf4 {
+        words: &'a [u32],
+        absmax: &'a [f32],
+        table: &'a [f32; 16],
+        pairs: [[f32; 2]; 256],
+    },
+}
+
+/// `y = x · Wᵀ` (`x` `[m, cols]`, `W` `[rows, cols]`), a tile of weight rows at a time: the
+/// tiles run in parallel, each multiplied by a single-threaded `gemm` (the matmul kernel burn's
+/// Flex uses) into its own columns of the output. Returns `[m, rows]` row-major.
+fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource) -> Vec<f32> {
     assert_eq!(x.len(), m * cols, "input has the wrong size");
     let mut out = vec![0f32; m * rows];
     if m == 0 || rows == 0 || cols == 0 {
         return out;
     }
-    let pairs = pair_table(table);
-    let tile_rows = (TILE_ELEMS / cols).clamp(16, rows.max(16)).min(rows);
+    // At most TILE_ELEMS per tile, and at least one tile per thread (small weights would
+    // otherwise be a single tile on one core), but never under 16 rows.
+    let per_thread = rows.div_ceil(rayon::current_num_threads().max(1));
+    let tile_rows = (TILE_ELEMS / cols).min(per_thread).max(16).min(rows);
     let tiles = rows.div_ceil(tile_rows);
     // Tiles write disjoint column ranges of `out`; the address crosses threads as an integer.
     let dst = out.as_mut_ptr() as usize;
-    (0..tiles).into_par_iter().for_each_init(
-        || vec![0f32; tile_rows * cols],
-        |scratch, t| {
+    (0..tiles)
+        .into_par_iter()
+        .for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
             let r0 = t * tile_rows;
             let n = tile_rows.min(rows - r0);
-            let tile = &mut scratch[..n * cols];
-            decode_range(words, table, &pairs, absmax, r0 * cols, tile);
+            let tile: &[f32] = match &source {
+                TileSource::Dense(w) => &w[r0 * cols..(r0 + n) * cols],
+                TileSource::Nf4 {
+                    words,
+                    absmax,
+                    table,
+                    pairs,
+                } => {
+                    scratch.resize(tile_rows * cols, 0.0);
+                    let tile = &mut scratch[..n * cols];
+                    decode_range(words, table, pairs, absmax, r0 * cols, tile);
+                    tile
+                }
+            };
             // SAFETY: dst (m × n, row stride `rows`) is the columns r0..r0+n of `out`, which
             // lives for the whole call and which no other tile touches; lhs is `x` (m × cols,
             // row-major) and rhs the tile read transposed (cols × n: element (k, j) at
@@ -236,9 +254,37 @@ pub fn linear_tiled(
                     gemm::Parallelism::None,
                 );
             }
-        },
-    );
+        });
     out
+}
+
+/// `y = x · Wᵀ` like [`linear`]: the weight is dequantized a tile of rows at a time into a
+/// per-thread scratch buffer that is reused for every tile, and each tile is multiplied with
+/// `gemm`. Nothing weight-sized is ever allocated, so there are no page faults for a fresh
+/// full-size temporary on every call. Returns `[m, rows]` row-major.
+pub fn linear_tiled(
+    x: &[f32],
+    m: usize,
+    words: &[u32],
+    absmax: &[f32],
+    table: &[f32; 16],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let source = TileSource::Nf4 {
+        words,
+        absmax,
+        table,
+        pairs: pair_table(table),
+    };
+    tiled_gemm(x, m, rows, cols, source)
+}
+
+/// `y = x · Wᵀ` for a dense row-major f32 weight `w` `[rows, cols]`, with the same tiling as
+/// [`linear_tiled`]. Returns `[m, rows]` row-major.
+pub fn dense_linear(x: &[f32], m: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    assert_eq!(w.len(), rows * cols, "weight has the wrong size");
+    tiled_gemm(x, m, rows, cols, TileSource::Dense(w))
 }
 
 /// Packs bitsandbytes' bytes into little-endian `u32` words (zero-padded to a whole word).
@@ -286,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn fused_linear_matches_dequantize_then_matmul() {
+    fn fused_and_tiled_kernels_match_dequantize_then_matmul() {
         for (rows, cols, m) in [
             (6, 64, 1),
             (3, 160, 2),
@@ -304,7 +350,8 @@ mod tests {
                 .collect();
             let fused = linear(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
             let tiled = linear_tiled(&x, m, &words, &q.absmax, &NF4_CODE, rows, cols);
-            for y in [fused, tiled] {
+            let dense_tiled = dense_linear(&x, m, &dense, rows, cols);
+            for y in [fused, tiled, dense_tiled] {
                 for i in 0..m {
                     for r in 0..rows {
                         let terms = (0..cols).map(|c| x[i * cols + c] * dense[r * cols + c]);
