@@ -260,6 +260,9 @@ pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Devic
     json!({ "results": results })
 }
 
+/// A host NF4 kernel: `(x, m, words, absmax, table, rows, cols) -> y`.
+type HostKernel = fn(&[f32], usize, &[u32], &[f32], &[f32; 16], usize, usize) -> Vec<f32>;
+
 /// The two host NF4 kernels side by side on Qwen2.5-1.5B's projection shapes, for each number of
 /// input rows in `rows`: the fused kernel (`nf4::cpu::linear`, decode a block, dot it with every
 /// row) and the tiled one (`nf4::cpu::linear_tiled`, decode a tile of rows into reused scratch,
@@ -290,15 +293,7 @@ pub fn nf4_cpu_kernels(rows: &[usize], iters: usize) -> Value {
                         .collect()
                 })
                 .collect();
-            let time = |kernel: fn(
-                &[f32],
-                usize,
-                &[u32],
-                &[f32],
-                &[f32; 16],
-                usize,
-                usize,
-            ) -> Vec<f32>| {
+            let time = |kernel: HostKernel| {
                 let run = |x: &[f32]| {
                     let y = kernel(x, m, &words, &q.absmax, &format::NF4_CODE, out_f, in_f);
                     std::hint::black_box(y[0]);

@@ -151,10 +151,10 @@ impl Qwen2Config {
 
     /// Checks the hyper-parameters are consistent and supported; returns what is wrong.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        if let Some(kind) = &self.model_type {
-            if kind != "qwen2" {
-                return Err(format!("model_type is `{kind}`, only `qwen2` is supported"));
-            }
+        if let Some(kind) = &self.model_type
+            && kind != "qwen2"
+        {
+            return Err(format!("model_type is `{kind}`, only `qwen2` is supported"));
         }
         for (name, value) in [
             ("vocab_size", self.vocab_size),
@@ -168,20 +168,20 @@ impl Qwen2Config {
                 return Err(format!("`{name}` must be positive"));
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
                 self.hidden_size, self.num_attention_heads
             ));
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             return Err(format!(
                 "`num_attention_heads` {} is not a multiple of `num_key_value_heads` {}",
                 self.num_attention_heads,
                 self.num_kv_heads()
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(format!(
                 "head dimension {} must be even for RoPE",
                 self.head_dim()
@@ -210,13 +210,14 @@ impl Qwen2Config {
             .rope_parameters
             .as_ref()
             .and_then(|p| p.rope_type.as_deref())
+            && kind != "default"
         {
-            if kind != "default" {
-                return Err(format!(
-                    "`rope_parameters.rope_type` `{kind}` is not supported"
-                ));
-            }
+            return Err(format!(
+                "`rope_parameters.rope_type` `{kind}` is not supported"
+            ));
         }
+        // Written so that NaN fails too.
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
         if !(self.rope_base() > 0.0) {
             return Err(format!("RoPE base {} must be positive", self.rope_base()));
         }
@@ -224,12 +225,12 @@ impl Qwen2Config {
             if q.load_in_8bit {
                 return Err("8-bit bitsandbytes checkpoints are not supported (only NF4)".into());
             }
-            if let Some(kind) = &q.bnb_4bit_quant_type {
-                if kind != "nf4" {
-                    return Err(format!(
-                        "`bnb_4bit_quant_type` `{kind}` is not supported (only nf4)"
-                    ));
-                }
+            if let Some(kind) = &q.bnb_4bit_quant_type
+                && kind != "nf4"
+            {
+                return Err(format!(
+                    "`bnb_4bit_quant_type` `{kind}` is not supported (only nf4)"
+                ));
             }
         }
         Ok(())

@@ -401,12 +401,12 @@ fn load_nf4<B: Backend>(
         let offset = state
             .nested_offset
             .ok_or_else(|| err("double-quantized absmax without nested_offset".into()))?;
-        if let Some(nb) = state.nested_blocksize {
-            if nb != crate::nf4::format::NESTED_BLOCK {
-                return Err(err(format!(
-                    "nested blocksize {nb} is not supported (only 256)"
-                )));
-            }
+        if let Some(nb) = state.nested_blocksize
+            && nb != crate::nf4::format::NESTED_BLOCK
+        {
+            return Err(err(format!(
+                "nested blocksize {nb} is not supported (only 256)"
+            )));
         }
         if raw.data.len() != blocks {
             return Err(err(format!(

@@ -251,12 +251,12 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
         if attached == 0 {
             return Err(err("the adapter holds no LoRA weights".into()));
         }
-        if let Some(TargetModules::List(list)) = &config.target_modules {
-            if let Some(m) = modules.iter().find(|m| !list.iter().any(|t| t == *m)) {
-                return Err(err(format!(
-                    "weights for `{m}` but target_modules is {list:?}"
-                )));
-            }
+        if let Some(TargetModules::List(list)) = &config.target_modules
+            && let Some(m) = modules.iter().find(|m| !list.iter().any(|t| t == *m))
+        {
+            return Err(err(format!(
+                "weights for `{m}` but target_modules is {list:?}"
+            )));
         }
         Ok(self)
     }

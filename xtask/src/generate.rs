@@ -128,18 +128,17 @@ fn run_on<B: Nf4Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> 
         eos_ids.extend(model.config.eos_ids());
         if let Ok(generation) =
             read_json::<serde_json::Value>(&args.model.model.join("generation_config.json"))
+            && let Some(v) = generation.get("eos_token_id")
         {
-            if let Some(v) = generation.get("eos_token_id") {
-                let ids: Vec<u32> = match v {
-                    serde_json::Value::Array(a) => a
-                        .iter()
-                        .filter_map(|x| x.as_u64())
-                        .map(|x| x as u32)
-                        .collect(),
-                    other => other.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-                };
-                eos_ids.extend(ids);
-            }
+            let ids: Vec<u32> = match v {
+                serde_json::Value::Array(a) => a
+                    .iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect(),
+                other => other.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            };
+            eos_ids.extend(ids);
         }
         if let Some(id) = tokenizer.as_ref().and_then(Tokenizer::eos_id) {
             eos_ids.push(id);

@@ -36,9 +36,14 @@ pub struct IdsFile {
     pub attention_mask: Option<Vec<Vec<u8>>>,
 }
 
+/// Token ids, one row per sequence.
+pub type Ids = Vec<Vec<u32>>;
+/// Attention mask rows (1 = token, 0 = padding).
+pub type Mask = Vec<Vec<u8>>;
+
 impl IdsFile {
     /// Checks shapes and returns the ids with a full mask.
-    pub fn validated(self) -> Result<(Vec<Vec<u32>>, Vec<Vec<u8>>)> {
+    pub fn validated(self) -> Result<(Ids, Mask)> {
         let ids = self.input_ids;
         if ids.is_empty() || ids[0].is_empty() {
             bail!("input_ids is empty");

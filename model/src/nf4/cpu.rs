@@ -16,7 +16,11 @@ use super::format::BLOCK;
 #[inline(always)]
 fn code_at(words: &[u32], table: &[f32; 16], e: usize) -> f32 {
     let byte = (words[e / 8] >> (8 * ((e / 2) % 4))) & 0xff;
-    let nibble = if e % 2 == 0 { byte >> 4 } else { byte & 0x0f };
+    let nibble = if e.is_multiple_of(2) {
+        byte >> 4
+    } else {
+        byte & 0x0f
+    };
     table[nibble as usize]
 }
 
@@ -53,7 +57,7 @@ fn decode_run(
     e: usize,
     out: &mut [f32],
 ) {
-    if e % BLOCK == 0 && out.len() == BLOCK {
+    if e.is_multiple_of(BLOCK) && out.len() == BLOCK {
         decode_block(words, pairs, absmax[e / BLOCK], e, out);
     } else {
         for (i, d) in out.iter_mut().enumerate() {
@@ -188,7 +192,7 @@ enum TileSource<'a> {
         words: &'a [u32],
         absmax: &'a [f32],
         table: &'a [f32; 16],
-        pairs: [[f32; 2]; 256],
+        pairs: Box<[[f32; 2]; 256]>,
     },
 }
 
@@ -275,7 +279,7 @@ pub fn linear_tiled(
         words,
         absmax,
         table,
-        pairs: pair_table(table),
+        pairs: Box::new(pair_table(table)),
     };
     tiled_gemm(x, m, rows, cols, source)
 }

@@ -15,6 +15,8 @@
 //!   (`nested_absmax`); dequantized absmax is `dynamic[q] * nested_absmax[i / 256] + offset`.
 
 /// The 16 NF4 values, as bitsandbytes' `CODE["nf4"]` (f32).
+// The literals are bitsandbytes' own, digit for digit, so they can be checked against its source.
+#[allow(clippy::excessive_precision)]
 pub const NF4_CODE: [f32; 16] = [
     -1.0,
     -0.696_192_8,
@@ -43,6 +45,7 @@ pub const NESTED_BLOCK: usize = 256;
 /// (the shortest decimal forms of the f64 midpoints of adjacent code values) read as f32. Reading
 /// the literal matters: the f64 midpoint of 0.72295684 and 1.0 is an exact f32 tie that rounds
 /// up, while its printed literal rounds down.
+#[allow(clippy::excessive_precision)]
 const NF4_THRESHOLDS: [f32; 15] = [
     -0.848_096_400_499_343_9,
     -0.610_632_926_225_662_2,
