@@ -181,20 +181,22 @@ pub fn forward_pass<B: Nf4Backend>(
     }))
 }
 
+/// Qwen2.5-1.5B's projection shapes: name, output features, input features.
+const PROJECTIONS: [(&str, usize, usize); 4] = [
+    ("q_proj/o_proj", 1536, 1536),
+    ("k_proj/v_proj", 256, 1536),
+    ("gate/up_proj", 8960, 1536),
+    ("down_proj", 1536, 8960),
+];
+
 /// NF4 projection throughput against dense f32 on Qwen2.5-1.5B's projection shapes, for each
 /// number of input rows in `rows`: the backend's `nf4_linear` (the tiled kernel on the CPU)
 /// and dequantize-then-matmul, a dense bf16 weight where the backend supports bf16 (`null`
 /// otherwise), with weight sizes for f32, bf16 and NF4.
 pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Device) -> Value {
-    let shapes = [
-        ("q_proj/o_proj", 1536, 1536),
-        ("k_proj/v_proj", 256, 1536),
-        ("gate/up_proj", 8960, 1536),
-        ("down_proj", 1536, 8960),
-    ];
     let iters = iters.max(1);
     let mut results = Vec::new();
-    for (name, out_f, in_f) in shapes {
+    for (name, out_f, in_f) in PROJECTIONS {
         let weight: Vec<f32> =
             Tensor::<B, 2>::random([out_f, in_f], Distribution::Normal(0.0, 0.02), device)
                 .into_data()
@@ -270,15 +272,9 @@ type HostKernel = fn(&[f32], usize, &[u32], &[f32], &[f32; 16], usize, usize) ->
 /// CPU backend's choice of the tiled kernel.
 pub fn nf4_cpu_kernels(rows: &[usize], iters: usize) -> Value {
     use crate::nf4::{cpu, format};
-    let shapes = [
-        ("q_proj/o_proj", 1536, 1536),
-        ("k_proj/v_proj", 256, 1536),
-        ("gate/up_proj", 8960, 1536),
-        ("down_proj", 1536, 8960),
-    ];
     let iters = iters.max(1);
     let mut results = Vec::new();
-    for (name, out_f, in_f) in shapes {
+    for (name, out_f, in_f) in PROJECTIONS {
         let weight: Vec<f32> = (0..out_f * in_f)
             .map(|i: usize| ((i.wrapping_mul(2654435761) % 10007) as f32 / 10007.0 - 0.5) * 0.04)
             .collect();
