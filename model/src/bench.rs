@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, Nf4Weight};
-use crate::nf4::Nf4Backend;
+use crate::backend::ModelBackend;
 use crate::{GenerateConfig, Qwen2Config, Qwen2ForCausalLM, generate};
 
 /// The peers' throughput protocol (`hf_bench.py`, `candle-bench`).
@@ -86,12 +86,12 @@ pub fn peak_rss_mb() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-fn read_scalar<B: Nf4Backend, const D: usize>(t: Tensor<B, D>) -> f32 {
+fn read_scalar<B: ModelBackend, const D: usize>(t: Tensor<B, D>) -> f32 {
     t.sum().into_scalar().elem::<f32>()
 }
 
 /// Prefill and decode throughput of `model` with the peers' protocol.
-pub fn throughput<B: Nf4Backend>(
+pub fn throughput<B: ModelBackend>(
     model: &Qwen2ForCausalLM<B>,
     protocol: &Protocol,
     device: &B::Device,
@@ -104,10 +104,10 @@ pub fn throughput<B: Nf4Backend>(
         let x = ids(1, protocol.prefill_len, vocab, salt);
         let mask = vec![vec![1u8; protocol.prefill_len]];
         let t = Instant::now();
-        let input = model.step_input(&x, &mask, 0, device)?;
+        let input = model.step_input(&x, &mask, device)?;
         let hidden = model.forward_hidden(&input, None);
-        let [b, s, h] = hidden.dims();
-        let _ = read_scalar(model.logits(hidden.slice([0..b, s - 1..s, 0..h])));
+        let n = hidden.dims()[0];
+        let _ = read_scalar(model.logits(hidden.narrow(0, n - 1, 1)));
         Ok(t.elapsed().as_secs_f64())
     };
     prefill(0)?;
@@ -150,7 +150,7 @@ pub fn throughput<B: Nf4Backend>(
 
 /// Builds a random model of `config` (NF4 projections if asked) and times three forward passes
 /// of `seq` tokens.
-pub fn forward_pass<B: Nf4Backend>(
+pub fn forward_pass<B: ModelBackend>(
     config: Qwen2Config,
     seq: usize,
     nf4: bool,
@@ -165,7 +165,7 @@ pub fn forward_pass<B: Nf4Backend>(
         let x = ids(1, seq, config.vocab_size, salt);
         let mask = vec![vec![1u8; seq]];
         let t = Instant::now();
-        let input = model.step_input(&x, &mask, 0, device)?;
+        let input = model.step_input(&x, &mask, device)?;
         let _ = read_scalar(model.forward(&input, None));
         times.push(t.elapsed().as_secs_f64());
     }
@@ -181,6 +181,74 @@ pub fn forward_pass<B: Nf4Backend>(
     }))
 }
 
+/// Settings of [`train_step`].
+#[derive(Clone, Debug)]
+pub struct TrainStepBench {
+    /// Tokens in the step's one sequence.
+    pub tokens: usize,
+    /// NF4 base projections.
+    pub nf4: bool,
+    /// Per-layer activation checkpointing.
+    pub checkpointing: bool,
+    /// Measured steps after one warm-up.
+    pub steps: usize,
+    /// Positions of logits per chunk.
+    pub chunk: usize,
+}
+
+/// One LoRA training step as the peer `peft_qlora_step.py` runs it: a random model of `config`
+/// (NF4 base if asked), LoRA r = 16, α = 32 on all seven projections, one sequence of random
+/// token ids, the mean next-token cross-entropy, backward, and an AdamW update of the adapter.
+/// Reports the median step time of `steps` steps after one warm-up, and peak RSS.
+pub fn train_step<B: ModelBackend>(
+    config: Qwen2Config,
+    bench: &TrainStepBench,
+    device: &B::Device,
+) -> Result<Value> {
+    use burn::backend::Autodiff;
+    use burn::optim::{AdamWConfig, Optimizer};
+
+    type Ad<B> = Autodiff<B>;
+    if bench.tokens < 2 || bench.steps == 0 {
+        return Err(ModelError::Input("need at least two tokens and one step".into()));
+    }
+    let t0 = Instant::now();
+    let settings = crate::LoraSettings::reference();
+    let mut model = Qwen2ForCausalLM::<Ad<B>>::random(config.clone(), 0, bench.nf4, device)
+        .attach_lora(&settings, &mut crate::lora::init_rng(1), device);
+    let build_s = t0.elapsed().as_secs_f64();
+    let rss_built = peak_rss_mb();
+    let mut optim = AdamWConfig::new().init::<Ad<B>, Qwen2ForCausalLM<Ad<B>>>();
+    let pass = crate::TrainPass {
+        checkpointing: bench.checkpointing,
+        chunk: bench.chunk,
+        temperature: 1.0,
+    };
+    let mut times = Vec::new();
+    for salt in 0..=bench.steps {
+        let seq = &ids(1, bench.tokens, config.vocab_size, salt)[0];
+        let t = Instant::now();
+        let out = crate::forward_backward(&model, &[seq.as_slice()], pass, device, |lp| {
+            (lp.logprobs.clone().mean().neg(), ())
+        })?;
+        model = optim.step(1e-5, model, out.grads);
+        // The update is lazy on some backends: read a value back before stopping the clock.
+        let lora = model.model.layers[0].self_attn.q_proj.lora.as_ref().expect("adapter");
+        let _ = read_scalar(lora.lora_b.val().inner().sum());
+        if salt > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(json!({
+        "system": "fathom", "tokens": bench.tokens, "nf4": bench.nf4,
+        "checkpointing": bench.checkpointing, "chunk": bench.chunk,
+        "params": model.num_weights(),
+        "lora_params": burn::module::Module::num_params(&model),
+        "step_s": median(times.clone()), "steps_s": times,
+        "build_s": build_s, "rss_after_build_mb": rss_built, "peak_rss_mb": peak_rss_mb(),
+    }))
+}
+
 /// Qwen2.5-1.5B's projection shapes: name, output features, input features.
 const PROJECTIONS: [(&str, usize, usize); 4] = [
     ("q_proj/o_proj", 1536, 1536),
@@ -193,7 +261,7 @@ const PROJECTIONS: [(&str, usize, usize); 4] = [
 /// number of input rows in `rows`: the backend's `nf4_linear` (the tiled kernel on the CPU)
 /// and dequantize-then-matmul, a dense bf16 weight where the backend supports bf16 (`null`
 /// otherwise), with weight sizes for f32, bf16 and NF4.
-pub fn nf4_matmul<B: Nf4Backend>(rows: &[usize], iters: usize, device: &B::Device) -> Value {
+pub fn nf4_matmul<B: ModelBackend>(rows: &[usize], iters: usize, device: &B::Device) -> Value {
     let iters = iters.max(1);
     let mut results = Vec::new();
     for (name, out_f, in_f) in PROJECTIONS {

@@ -1,11 +1,25 @@
 //! A burn Qwen2 causal language model that loads Hugging Face checkpoints: f32/f16/bf16 and
-//! bitsandbytes NF4 weights, LoRA adapters in PEFT's format, batched generation with a
-//! caller-owned KV cache, and the per-token log-probabilities a trainer needs.
+//! bitsandbytes NF4 weights, LoRA adapters in PEFT's format, batched generation over a
+//! caller-owned KV cache built for multi-turn rollouts, and the chunked per-token
+//! log-probabilities and memory-lean backward pass a trainer needs.
 //!
 //! The model is generic over the burn backend; [`Cpu`] is the default, `Wgpu` and `Cuda` come
-//! with the `wgpu` and `cuda` features. Every backend implements [`nf4::Nf4Backend`], the one
+//! with the `wgpu` and `cuda` features. Every backend implements [`ModelBackend`], the one
 //! extension the model needs beyond burn's own operations.
+//!
+//! # Layout
+//!
+//! - [`qwen2`]: the module (Hugging Face names); [`load`], [`save`], [`checkpoint`],
+//!   [`config`]: checkpoints in and out.
+//! - [`linear`], [`lora`], [`peft`], [`nf4`]: projections with dense or NF4 bases and LoRA.
+//! - [`inputs`]: packed steps and rotary tables; [`cache`]: the KV cache.
+//! - [`generate`], [`sample`]: prefill / sample / stop seams and batched generation.
+//! - [`logprobs`], [`train`]: teacher-forced log-probabilities and the training pass.
+//! - [`backend`]: the backend extension and its custom autodiff operations.
+//! - [`tokenizer`]: tokenizer and chat template.
 
+pub mod backend;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod cache;
 pub mod checkpoint;
@@ -15,18 +29,25 @@ pub mod generate;
 pub mod inputs;
 pub mod linear;
 pub mod load;
+pub mod logprobs;
 pub mod lora;
 pub mod nf4;
 pub mod peft;
 pub mod qwen2;
+pub mod sample;
 pub mod save;
 pub mod tokenizer;
+pub mod train;
 
 pub use cache::KvCache;
 pub use config::Qwen2Config;
 pub use error::{ModelError, Result};
-pub use generate::{GenerateConfig, Generated, Sampling, generate, sequence_logprobs};
-pub use inputs::{RopeFrequencies, StepInput};
+pub use backend::ModelBackend;
+pub use generate::{GenerateConfig, Generated, generate, prefill};
+pub use inputs::StepInput;
+pub use logprobs::{SequenceLogprobs, packed_logprobs, sequence_logprobs};
+pub use sample::{Sampling, sample, sequence_rng};
+pub use train::{TrainPass, forward_backward};
 pub use linear::Linear;
 pub use load::LoadOptions;
 pub use lora::{LoraSettings, Target};

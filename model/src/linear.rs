@@ -11,7 +11,8 @@ use burn::tensor::{Int, Tensor, TensorPrimitive};
 
 use crate::lora::Lora;
 use crate::nf4::format::{BLOCK, NF4_CODE, quantize_nf4};
-use crate::nf4::{Nf4Backend, codes_bytes, codes_tensor};
+use crate::backend::ModelBackend;
+use crate::nf4::{codes_bytes, codes_tensor};
 
 /// An NF4-quantized `[rows, cols]` weight kept packed on the device.
 #[derive(Module, Debug)]
@@ -61,7 +62,7 @@ impl<B: Backend> Nf4Weight<B> {
     }
 }
 
-impl<B: Nf4Backend> Nf4Weight<B> {
+impl<B: ModelBackend> Nf4Weight<B> {
     /// The dequantized `[rows, cols]` weight.
     pub fn dequantize(&self) -> Tensor<B, 2> {
         let out = B::nf4_dequantize(
@@ -119,29 +120,26 @@ impl<B: Backend> Linear<B> {
     }
 }
 
-impl<B: Nf4Backend> Linear<B> {
+impl<B: ModelBackend> Linear<B> {
     /// Applies the projection.
     ///
     /// # Shapes
-    /// - `x`: `[batch, seq, in_features]`
-    /// - output: `[batch, seq, out_features]`
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, seq, cols] = x.dims();
-        let [rows, _] = self.shape();
-        let flat = x.reshape([batch * seq, cols]);
-        let mut y = self.base_forward(flat.clone());
+    /// - `x`: `[n, in_features]`
+    /// - output: `[n, out_features]`
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let mut y = self.base_forward(x.clone());
         if let Some(bias) = &self.bias {
             y = y + bias.clone().unsqueeze_dim(0);
         }
         if let Some(lora) = &self.lora {
-            y = y + lora.forward(flat);
+            y = y + lora.forward(x);
         }
-        y.reshape([batch, seq, rows])
+        y
     }
 
     /// `x · Wᵀ` through the base alone, for `x` `[m, in_features]`.
     ///
-    /// Through the backend's [`Nf4Backend::dense_linear`] / [`Nf4Backend::nf4_linear`]: the
+    /// Through the backend's [`ModelBackend::dense_linear`] / [`ModelBackend::nf4_linear`]: the
     /// weight stays in its stored row-major layout, so no backend copies a transposed weight.
     pub fn base_forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.weight {
@@ -206,7 +204,7 @@ mod tests {
             lora: None,
         };
         for seq in [1, 20] {
-            let x = Tensor::<B, 3>::random([2, seq, cols], Distribution::Default, &device);
+            let x = Tensor::<B, 2>::random([2 * seq, cols], Distribution::Default, &device);
             let diff = (dense.forward(x.clone()) - quant.forward(x))
                 .abs()
                 .max()
@@ -224,7 +222,7 @@ mod tests {
         );
         let bias = Tensor::<B, 1>::from_floats([10.0, 20.0], &device);
         let lin = Linear::dense(w, Some(bias));
-        let x = Tensor::<B, 3>::from_data(TensorData::new(vec![1.0f32, 2.0], [1, 1, 2]), &device);
+        let x = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32, 2.0], [1, 2]), &device);
         assert_eq!(
             lin.forward(x).into_data().to_vec::<f32>().unwrap(),
             vec![11.0, 22.0]

@@ -10,11 +10,13 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
+use crate::backend::ModelBackend;
 use crate::checkpoint::Checkpoint;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::linear::{BaseWeight, Linear, Nf4Weight};
 use crate::nf4::format::{BLOCK, NF4_CODE, dequantize_absmax};
+use crate::inputs::RotaryEmbedding;
 use crate::qwen2::{
     Attention, DecoderLayer, Embedding, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
 };
@@ -38,7 +40,7 @@ struct QuantState {
     nested_blocksize: Option<usize>,
 }
 
-impl<B: Backend> Qwen2ForCausalLM<B> {
+impl<B: ModelBackend> Qwen2ForCausalLM<B> {
     /// Loads `config.json` and the weights from a Hugging Face model directory.
     pub fn load(dir: &Path, device: &B::Device, options: LoadOptions) -> Result<Self> {
         if !dir.is_dir() {
@@ -55,13 +57,6 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             config.num_kv_heads(),
             config.head_dim(),
         );
-        let dense = |name: &str, shape: &[usize]| -> Result<Tensor<B, 2>> {
-            let values = ck.f32(name, shape)?;
-            Ok(Tensor::from_data(
-                TensorData::new(values, [shape[0], shape[1]]),
-                device,
-            ))
-        };
         let vector = |name: &str, len: usize| -> Result<Tensor<B, 1>> {
             Ok(Tensor::from_data(
                 TensorData::new(ck.f32(name, &[len])?, [len]),
@@ -148,19 +143,24 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
         };
         let model = Qwen2Model {
             embed_tokens: Embedding {
-                weight: dense("model.embed_tokens.weight", &[config.vocab_size, hidden])?,
+                weight: embedding_table::<B>(
+                    &ck,
+                    "model.embed_tokens.weight",
+                    [config.vocab_size, hidden],
+                    device,
+                )?,
             },
             layers,
             norm: RmsNorm {
                 weight: vector("model.norm.weight", hidden)?,
                 eps: config.rms_norm_eps,
             },
+            rotary_emb: RotaryEmbedding::new(&config, device),
         };
         Ok(Self {
             model,
             lm_head,
             config,
-            rope_frequencies: Default::default(),
         })
     }
 
@@ -212,10 +212,38 @@ fn normal(rng: &mut StdRng, len: usize, std: f32) -> Vec<f32> {
     out
 }
 
-fn build<B: Backend>(
+/// The embedding matrix: kept bf16 when the checkpoint stores it so and the backend multiplies
+/// by bf16 weights directly ([`ModelBackend::KEEPS_BF16`]; lossless either way), f32 otherwise.
+fn embedding_table<B: ModelBackend>(
+    ck: &Checkpoint,
+    name: &str,
+    shape: [usize; 2],
+    device: &B::Device,
+) -> Result<Tensor<B, 2>> {
+    let raw = ck.raw(name)?;
+    if raw.shape != shape {
+        return Err(ModelError::Shape {
+            name: name.into(),
+            found: raw.shape,
+            expected: shape.to_vec(),
+        });
+    }
+    if B::KEEPS_BF16 && raw.dtype == safetensors::Dtype::BF16 {
+        let values: Vec<half::bf16> = raw
+            .data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        return Ok(Tensor::from_data(TensorData::new(values, shape), device));
+    }
+    let values = crate::checkpoint::to_f32(name, raw.dtype, raw.data)?;
+    Ok(Tensor::from_data(TensorData::new(values, shape), device))
+}
+
+fn build<B: ModelBackend>(
     config: Qwen2Config,
     device: &B::Device,
-    mut values: impl FnMut(usize, Init) -> Vec<f32>,
+    values: impl FnMut(usize, Init) -> Vec<f32>,
     quantize: bool,
 ) -> Qwen2ForCausalLM<B> {
     let (hidden, inter) = (config.hidden_size, config.intermediate_size);
@@ -224,20 +252,19 @@ fn build<B: Backend>(
         config.num_kv_heads(),
         config.head_dim(),
     );
-    let mut tensor2 = |rows: usize, cols: usize| {
+    let values = std::cell::RefCell::new(values);
+    let draw = |len: usize, kind: Init| (values.borrow_mut())(len, kind);
+    let tensor2 = |rows: usize, cols: usize| {
         Tensor::<B, 2>::from_data(
-            TensorData::new(values(rows * cols, Init::Weight), [rows, cols]),
+            TensorData::new(draw(rows * cols, Init::Weight), [rows, cols]),
             device,
         )
     };
     // Each projection is quantized as soon as it is drawn, so an NF4 model never holds more
     // than one projection in f32.
-    let mut base = |rows: usize, cols: usize| {
+    let base = |rows: usize, cols: usize| {
         if quantize {
-            let host = tensor2(rows, cols)
-                .into_data()
-                .to_vec::<f32>()
-                .expect("f32 weights");
+            let host = draw(rows * cols, Init::Weight);
             BaseWeight::Nf4(Nf4Weight::quantize(&host, rows, cols, device))
         } else {
             BaseWeight::Dense(tensor2(rows, cols))
@@ -255,10 +282,27 @@ fn build<B: Backend>(
             base(hidden, inter),
         ]);
     }
-    let embed = tensor2(config.vocab_size, hidden);
+    // The embedding is rounded to bf16 (as checkpoints store it) on every backend, and kept
+    // bf16 where the backend multiplies by it directly, so random models agree across
+    // backends. Drawn a block of rows at a time, so no f32 copy of it ever exists.
+    let embed = {
+        let (vocab, mut rows) = (config.vocab_size, Vec::with_capacity(config.vocab_size * hidden));
+        let mut done = 0;
+        while done < vocab {
+            let n = 4096.min(vocab - done);
+            rows.extend(draw(n * hidden, Init::Weight).into_iter().map(half::bf16::from_f32));
+            done += n;
+        }
+        let data = TensorData::new(rows, [vocab, hidden]);
+        if B::KEEPS_BF16 {
+            Tensor::<B, 2>::from_data(data, device)
+        } else {
+            Tensor::<B, 2>::from_data(data.convert::<f32>(), device)
+        }
+    };
     let head = (!config.tie_word_embeddings).then(|| tensor2(config.vocab_size, hidden));
-    let mut vector = |len: usize, kind: Init| {
-        Tensor::<B, 1>::from_data(TensorData::new(values(len, kind), [len]), device)
+    let vector = |len: usize, kind: Init| {
+        Tensor::<B, 1>::from_data(TensorData::new(draw(len, kind), [len]), device)
     };
     let eps = config.rms_norm_eps;
     let linear = |weight: BaseWeight<B>, bias: Option<Tensor<B, 1>>| Linear {
@@ -302,10 +346,10 @@ fn build<B: Backend>(
             embed_tokens: Embedding { weight: embed },
             layers,
             norm,
+            rotary_emb: RotaryEmbedding::new(&config, device),
         },
         lm_head: head.map(|w| Linear::dense(w, None)),
         config,
-        rope_frequencies: Default::default(),
     }
 }
 

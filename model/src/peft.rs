@@ -340,7 +340,7 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
     /// Folds every adapter into its base (NF4 bases become dense) and removes the adapters.
     pub fn merge_adapters(mut self) -> Self
     where
-        B: crate::nf4::Nf4Backend,
+        B: crate::backend::ModelBackend,
     {
         for layer in self.model.layers.iter_mut() {
             let a = &mut layer.self_attn;

@@ -11,7 +11,7 @@ use safetensors::Dtype;
 
 use crate::checkpoint::{OutTensor, write_atomic, write_safetensors};
 use crate::error::{ModelError, Result};
-use crate::nf4::Nf4Backend;
+use crate::backend::ModelBackend;
 use crate::qwen2::Qwen2ForCausalLM;
 
 /// Floating-point dtype of a saved checkpoint.
@@ -47,7 +47,7 @@ fn out_tensor<B: Backend, const D: usize>(
     })
 }
 
-impl<B: Nf4Backend> Qwen2ForCausalLM<B> {
+impl<B: ModelBackend> Qwen2ForCausalLM<B> {
     /// Writes `config.json` and `model.safetensors` to `dir`. Fails if an adapter is attached
     /// (merge it first with [`Qwen2ForCausalLM::merge_adapters`]).
     pub fn save_pretrained(&self, dir: &Path, dtype: SaveDtype) -> Result<()> {

@@ -6,8 +6,7 @@ mod common;
 
 use common::{Reference, fixture};
 use fathom_model::{
-    Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, RopeFrequencies, generate,
-    sequence_logprobs,
+    Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, generate, sequence_logprobs,
 };
 
 fn model(dir: &str, adapter: Option<&str>) -> Qwen2ForCausalLM<Cpu> {
@@ -17,10 +16,6 @@ fn model(dir: &str, adapter: Option<&str>) -> Qwen2ForCausalLM<Cpu> {
         Qwen2ForCausalLM::<Cpu>::load(&fixture(base), &device, LoadOptions::default()).unwrap();
     if let Some(a) = adapter {
         m = m.load_adapter(&fixture(a), &device).unwrap();
-    }
-    // see parity.rs: tiny-qwen2's reference model had its RoPE buffer cast to bf16
-    if dir == "tiny-qwen2" {
-        m.rope_frequencies = RopeFrequencies::Bf16;
     }
     m
 }

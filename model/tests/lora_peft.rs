@@ -31,7 +31,7 @@ fn peft_adapter_logits_match_peft() {
     assert_eq!(model.lora_targets().len(), 7);
     let r = Reference::read(&fixture("tiny-qwen2-lora"));
     let input = model
-        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .step_input(&r.input_ids, &r.attention_mask, &device)
         .unwrap();
     let logits = model
         .forward(&input, None)
@@ -52,7 +52,7 @@ fn adapter_on_nf4_base_loads() {
             .unwrap();
     let r = Reference::read(&fixture("tiny-qwen2-lora"));
     let input = model
-        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .step_input(&r.input_ids, &r.attention_mask, &device)
         .unwrap();
     let logits = model
         .forward(&input, None)
@@ -111,7 +111,7 @@ fn save_then_load_round_trips_and_merge_matches() {
     let reloaded = base().load_adapter(dir.path(), &device).unwrap();
     let r = Reference::read(&fixture("tiny-qwen2-lora"));
     let input = model
-        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .step_input(&r.input_ids, &r.attention_mask, &device)
         .unwrap();
     let a = model.forward(&input, None);
     let b = reloaded.forward(&input, None);

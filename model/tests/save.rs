@@ -19,8 +19,8 @@ fn f32_round_trip_is_exact() {
     assert!(back.lm_head.is_some());
     let ids = vec![vec![1u32, 5, 9, 63, 2]];
     let mask = vec![vec![1u8; 5]];
-    let a = model.forward(&model.step_input(&ids, &mask, 0, &device).unwrap(), None);
-    let b = back.forward(&back.step_input(&ids, &mask, 0, &device).unwrap(), None);
+    let a = model.forward(&model.step_input(&ids, &mask, &device).unwrap(), None);
+    let b = back.forward(&back.step_input(&ids, &mask, &device).unwrap(), None);
     assert_eq!(a.into_data(), b.into_data());
 }
 
@@ -45,7 +45,7 @@ fn merged_adapter_exports_with_the_adapted_logits() {
         Qwen2ForCausalLM::<Cpu>::load(dir.path(), &device, LoadOptions::default()).unwrap();
     let r = Reference::read(&fixture("tiny-qwen2-lora"));
     let input = merged
-        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .step_input(&r.input_ids, &r.attention_mask, &device)
         .unwrap();
     let logits = merged
         .forward(&input, None)

@@ -47,7 +47,7 @@ fn nf4_model_on_wgpu_matches_bitsandbytes() {
             .unwrap();
     let r = Reference::read(&fixture("tiny-qwen2-nf4"));
     let input = model
-        .step_input(&r.input_ids, &r.attention_mask, 0, &device)
+        .step_input(&r.input_ids, &r.attention_mask, &device)
         .unwrap();
     let logits = model
         .forward(&input, None)

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use fathom_model::nf4::Nf4Backend;
-use fathom_model::{LoadOptions, Qwen2ForCausalLM, RopeFrequencies};
+use fathom_model::ModelBackend;
+use fathom_model::{LoadOptions, Qwen2ForCausalLM};
 
 /// A compute backend compiled into this binary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -49,26 +49,11 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value = "cpu")]
     pub backend: BackendKind,
-    /// Precision of RoPE's inverse frequencies: `f32` as `transformers` builds a model;
-    /// `bf16`/`f16` to match a model that was cast to that dtype (`model.to(torch.bfloat16)`).
-    #[arg(long, value_enum, default_value = "f32")]
-    pub rope_frequencies: RopeArg,
-}
-
-/// `--rope-frequencies` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum RopeArg {
-    /// f32.
-    F32,
-    /// Rounded to bf16.
-    Bf16,
-    /// Rounded to f16.
-    F16,
 }
 
 impl ModelArgs {
     /// Loads the model described by these arguments onto `device`.
-    pub fn load<B: Nf4Backend>(&self, device: &B::Device) -> Result<Qwen2ForCausalLM<B>> {
+    pub fn load<B: ModelBackend>(&self, device: &B::Device) -> Result<Qwen2ForCausalLM<B>> {
         let options = LoadOptions {
             quantize_nf4: self.quantize == Some(QuantizeOnLoad::Nf4),
         };
@@ -79,11 +64,6 @@ impl ModelArgs {
                 .load_adapter(adapter, device)
                 .with_context(|| format!("loading the adapter from {}", adapter.display()))?;
         }
-        model.rope_frequencies = match self.rope_frequencies {
-            RopeArg::F32 => RopeFrequencies::F32,
-            RopeArg::Bf16 => RopeFrequencies::Bf16,
-            RopeArg::F16 => RopeFrequencies::F16,
-        };
         Ok(model)
     }
 }

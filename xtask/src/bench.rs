@@ -10,16 +10,23 @@
 //! - `bench nf4`: NF4 projection throughput against dense f32 on the Qwen2.5-1.5B projection
 //!   shapes, for decode-sized and prefill-sized inputs: the backend's kernel, dequantize-then-
 //!   matmul, dense bf16; with `--cpu-kernels`, the fused and tiled host kernels side by side.
+//! - `bench train-step`: one LoRA training step (r = 16, α = 32, all seven projections; forward,
+//!   backward, AdamW) on a random model of a named shape, optionally NF4 and with per-layer
+//!   checkpointing, with the protocol of the peer `peft_qlora_step.py`: median step time after
+//!   one warm-up, and peak RSS.
 //!
-//! The measurements themselves live in `fathom_model::bench`.
+//! The measurements themselves live in `fathom_model::bench` (the model crate's `bench`
+//! feature).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use fathom_model::bench::{Protocol, forward_pass, nf4_cpu_kernels, nf4_matmul, throughput};
-use fathom_model::nf4::Nf4Backend;
+use fathom_model::bench::{
+    Protocol, TrainStepBench, forward_pass, nf4_cpu_kernels, nf4_matmul, throughput, train_step,
+};
+use fathom_model::ModelBackend;
 use fathom_model::{Qwen2Config, Qwen2ForCausalLM};
 
 use crate::backend::{BackendKind, ModelArgs};
@@ -33,6 +40,34 @@ pub enum BenchCommand {
     Forward(ForwardBench),
     /// NF4 projection throughput against dense f32.
     Nf4(Nf4Bench),
+    /// One LoRA training step (r = 16, all seven projections) on a random model: time, memory.
+    TrainStep(TrainStepArgs),
+}
+
+/// Arguments of `bench train-step`.
+#[derive(Args, Debug)]
+pub struct TrainStepArgs {
+    /// Model shape.
+    #[arg(long, value_enum, default_value = "qwen1-5b")]
+    shape: Shape,
+    /// Tokens in the step.
+    #[arg(long, default_value_t = 1024)]
+    tokens: usize,
+    /// NF4 base projections.
+    #[arg(long)]
+    nf4: bool,
+    /// Per-layer activation checkpointing.
+    #[arg(long)]
+    checkpointing: bool,
+    /// Measured steps after one warm-up (the peer's default is 2).
+    #[arg(long, default_value_t = 2)]
+    steps: usize,
+    /// Positions of logits computed at a time.
+    #[arg(long, default_value_t = 256)]
+    chunk: usize,
+    /// Compute backend.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendKind,
 }
 
 /// Arguments of `bench model`.
@@ -168,6 +203,20 @@ pub fn run(command: BenchCommand) -> Result<()> {
             println!("{out}");
             Ok(())
         }),
+        BenchCommand::TrainStep(args) => crate::with_backend!(args.backend, |B, device| {
+            let bench = TrainStepBench {
+                tokens: args.tokens,
+                nf4: args.nf4,
+                checkpointing: args.checkpointing,
+                steps: args.steps,
+                chunk: args.chunk,
+            };
+            let mut out = train_step::<B>(args.shape.config(), &bench, &device)?;
+            out["shape"] = format!("{:?}", args.shape).into();
+            out["backend"] = format!("{:?}", args.backend).to_lowercase().into();
+            println!("{out}");
+            Ok(())
+        }),
         BenchCommand::Nf4(args) => crate::with_backend!(args.backend, |B, device| {
             let mut out = nf4_matmul::<B>(&args.rows, args.iters, &device);
             out["backend"] = format!("{:?}", args.backend).to_lowercase().into();
@@ -180,7 +229,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     }
 }
 
-fn model_bench<B: Nf4Backend>(args: &ModelBench, device: &B::Device) -> Result<()> {
+fn model_bench<B: ModelBackend>(args: &ModelBench, device: &B::Device) -> Result<()> {
     let t0 = Instant::now();
     let model = args.model.load::<B>(device)?;
     let load_s = t0.elapsed().as_secs_f64();

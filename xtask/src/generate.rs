@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use fathom_model::nf4::Nf4Backend;
+use fathom_model::ModelBackend;
 use fathom_model::{ChatMessage, ChatRole, GenerateConfig, Sampling, Tokenizer};
 use serde::Serialize;
 
@@ -79,7 +79,7 @@ fn load_tokenizer(dir: &Path, required: bool) -> Result<Option<Tokenizer>> {
         .with_context(|| format!("loading the tokenizer from {}", dir.display()))
 }
 
-fn run_on<B: Nf4Backend>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
+fn run_on<B: ModelBackend>(args: &GenerateArgs, device: &B::Device) -> Result<()> {
     let tok_dir = args
         .tokenizer
         .clone()

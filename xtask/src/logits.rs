@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_model::checkpoint::{OutTensor, write_safetensors};
-use fathom_model::nf4::Nf4Backend;
+use fathom_model::ModelBackend;
 use serde::Deserialize;
 
 use crate::backend::{ModelArgs, read_json};
@@ -76,10 +76,10 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     crate::with_backend!(args.model.backend, |B, device| run_on::<B>(&args, &device))
 }
 
-fn run_on<B: Nf4Backend>(args: &LogitsArgs, device: &B::Device) -> Result<()> {
+fn run_on<B: ModelBackend>(args: &LogitsArgs, device: &B::Device) -> Result<()> {
     let (ids, mask) = read_json::<IdsFile>(&args.input)?.validated()?;
     let model = args.model.load::<B>(device)?;
-    let input = model.step_input(&ids, &mask, 0, device)?;
+    let input = model.step_input(&ids, &mask, device)?;
     let logits = model.forward(&input, None);
     let dims = logits.dims();
     let values = logits

@@ -187,6 +187,8 @@ fn decode_range(
 enum TileSource<'a> {
     /// A dense row-major f32 weight: tiles are slices of it.
     Dense(&'a [f32]),
+    /// A dense row-major bf16 weight (raw bits): tiles are widened into per-thread scratch.
+    Bf16(&'a [u16]),
     /// An NF4 weight: tiles are decoded into per-thread scratch.
     Nf4 {
         words: &'a [u32],
@@ -194,6 +196,34 @@ enum TileSource<'a> {
         table: &'a [f32; 16],
         pairs: Box<[[f32; 2]; 256]>,
     },
+}
+
+impl TileSource<'_> {
+    /// Weight rows `r0 .. r0 + n` as f32, borrowed or decoded into `scratch`.
+    fn rows<'s>(&'s self, r0: usize, n: usize, cols: usize, scratch: &'s mut Vec<f32>) -> &'s [f32] {
+        match self {
+            TileSource::Dense(w) => &w[r0 * cols..(r0 + n) * cols],
+            TileSource::Bf16(w) => {
+                scratch.resize(n * cols, 0.0);
+                let tile = &mut scratch[..n * cols];
+                for (d, &b) in tile.iter_mut().zip(&w[r0 * cols..(r0 + n) * cols]) {
+                    *d = f32::from_bits((b as u32) << 16);
+                }
+                tile
+            }
+            TileSource::Nf4 {
+                words,
+                absmax,
+                table,
+                pairs,
+            } => {
+                scratch.resize(n * cols, 0.0);
+                let tile = &mut scratch[..n * cols];
+                decode_range(words, table, pairs, absmax, r0 * cols, tile);
+                tile
+            }
+        }
+    }
 }
 
 /// `y = x · Wᵀ` (`x` `[m, cols]`, `W` `[rows, cols]`), a tile of weight rows at a time: the
@@ -217,20 +247,7 @@ fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource)
         .for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
             let r0 = t * tile_rows;
             let n = tile_rows.min(rows - r0);
-            let tile: &[f32] = match &source {
-                TileSource::Dense(w) => &w[r0 * cols..(r0 + n) * cols],
-                TileSource::Nf4 {
-                    words,
-                    absmax,
-                    table,
-                    pairs,
-                } => {
-                    scratch.resize(tile_rows * cols, 0.0);
-                    let tile = &mut scratch[..n * cols];
-                    decode_range(words, table, pairs, absmax, r0 * cols, tile);
-                    tile
-                }
-            };
+            let tile = source.rows(r0, n, cols, scratch);
             // SAFETY: dst (m × n, row stride `rows`) is the columns r0..r0+n of `out`, which
             // lives for the whole call and which no other tile touches; lhs is `x` (m × cols,
             // row-major) and rhs the tile read transposed (cols × n: element (k, j) at
@@ -289,6 +306,122 @@ pub fn linear_tiled(
 pub fn dense_linear(x: &[f32], m: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     assert_eq!(w.len(), rows * cols, "weight has the wrong size");
     tiled_gemm(x, m, rows, cols, TileSource::Dense(w))
+}
+
+/// `y = x · Wᵀ` for a row-major bf16 weight (raw bits) `[rows, cols]`, widened a tile at a
+/// time. Returns `[m, rows]` row-major.
+pub fn bf16_linear(x: &[f32], m: usize, w: &[u16], rows: usize, cols: usize) -> Vec<f32> {
+    assert_eq!(w.len(), rows * cols, "weight has the wrong size");
+    tiled_gemm(x, m, rows, cols, TileSource::Bf16(w))
+}
+
+/// Weight rows one step of [`tiled_gemm_transposed`] decodes: enough for the matmul's inner
+/// dimension to run at speed.
+const TRANSPOSED_TILE_ROWS: usize = 256;
+
+/// `y = g · W` (`g` `[m, rows]`, `W` `[rows, cols]`): the input gradient of a projection. The
+/// sum runs over weight rows, so tiles of rows are decoded one after another (each decode and
+/// each matmul using every thread) and accumulated into the output. Returns `[m, cols]`.
+fn tiled_gemm_transposed(
+    g: &[f32],
+    m: usize,
+    rows: usize,
+    cols: usize,
+    source: TileSource,
+) -> Vec<f32> {
+    assert_eq!(g.len(), m * rows, "gradient has the wrong size");
+    let mut out = vec![0f32; m * cols];
+    if m == 0 || rows == 0 || cols == 0 {
+        return out;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    let mut scratch = Vec::new();
+    let mut r0 = 0;
+    while r0 < rows {
+        let n = TRANSPOSED_TILE_ROWS.min(rows - r0);
+        let tile: &[f32] = match &source {
+            TileSource::Dense(w) => &w[r0 * cols..(r0 + n) * cols],
+            _ => {
+                // Decode the tile's rows in parallel chunks.
+                scratch.resize(n * cols, 0.0);
+                let per = n.div_ceil(threads);
+                scratch[..n * cols]
+                    .par_chunks_mut(per * cols)
+                    .enumerate()
+                    .for_each(|(i, dst)| {
+                        let mut local = Vec::new();
+                        let rows_here = dst.len() / cols;
+                        let src = source.rows(r0 + i * per, rows_here, cols, &mut local);
+                        dst.copy_from_slice(src);
+                    });
+                &scratch[..n * cols]
+            }
+        };
+        // SAFETY: dst is `out` (m × cols, row-major); lhs is columns r0..r0+n of `g`
+        // (m × n, row stride `rows`); rhs is the tile (n × cols, row-major); every index
+        // stays inside its slice.
+        unsafe {
+            gemm::gemm(
+                m,
+                cols,
+                n,
+                out.as_mut_ptr(),
+                1,
+                cols as isize,
+                r0 > 0,
+                g.as_ptr().add(r0),
+                1,
+                rows as isize,
+                tile.as_ptr(),
+                1,
+                cols as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+        r0 += n;
+    }
+    out
+}
+
+/// `y = g · W` for an NF4 weight `[rows, cols]`; returns `[m, cols]` row-major.
+pub fn linear_transposed_nf4(
+    g: &[f32],
+    m: usize,
+    words: &[u32],
+    absmax: &[f32],
+    table: &[f32; 16],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
+    let source = TileSource::Nf4 {
+        words,
+        absmax,
+        table,
+        pairs: Box::new(pair_table(table)),
+    };
+    tiled_gemm_transposed(g, m, rows, cols, source)
+}
+
+/// `y = g · W` for a dense f32 weight `[rows, cols]`; returns `[m, cols]` row-major.
+pub fn linear_transposed_dense(g: &[f32], m: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    assert_eq!(w.len(), rows * cols, "weight has the wrong size");
+    tiled_gemm_transposed(g, m, rows, cols, TileSource::Dense(w))
+}
+
+/// `y = g · W` for a bf16 weight (raw bits) `[rows, cols]`; returns `[m, cols]` row-major.
+pub fn linear_transposed_bf16(g: &[f32], m: usize, w: &[u16], rows: usize, cols: usize) -> Vec<f32> {
+    assert_eq!(w.len(), rows * cols, "weight has the wrong size");
+    tiled_gemm_transposed(g, m, rows, cols, TileSource::Bf16(w))
 }
 
 /// Packs bitsandbytes' bytes into little-endian `u32` words (zero-padded to a whole word).

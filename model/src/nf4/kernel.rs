@@ -14,7 +14,7 @@ use burn_cubecl::{CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use super::ops::Nf4Backend;
+use crate::backend::ModelBackend;
 
 /// Dequantizes eight NF4 codes per invocation: `output[e] = table[code(e)] * absmax[e / 64]`.
 #[cube(launch)]
@@ -42,7 +42,7 @@ pub fn nf4_dequantize_kernel<F: Float>(
     }
 }
 
-impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> Nf4Backend
+impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> ModelBackend
     for CubeBackend<R, F, I, BT>
 {
     fn nf4_dequantize(

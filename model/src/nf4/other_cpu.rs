@@ -7,7 +7,7 @@ use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 
 use super::cpu;
-use super::ops::Nf4Backend;
+use crate::backend::ModelBackend;
 
 /// Host copies of a code tensor's words, absmax, table and (optionally) an input.
 fn host<B: burn::tensor::backend::Backend>(
@@ -43,10 +43,10 @@ fn float<B: burn::tensor::backend::Backend>(
         .tensor()
 }
 
-/// Implements [`Nf4Backend`] for a backend through host copies.
+/// Implements [`ModelBackend`] for a backend through host copies.
 macro_rules! host_nf4 {
     ($backend:ty) => {
-        impl Nf4Backend for $backend {
+        impl ModelBackend for $backend {
             fn nf4_dequantize(
                 codes: IntTensor<Self>,
                 absmax: FloatTensor<Self>,

@@ -1,90 +1,14 @@
-//! The NF4 backend extension: dequantize packed codes and multiply by an NF4 weight, implemented
-//! per backend — plain Rust on the CPU (`Flex`, the default CPU backend), a CubeCL kernel on wgpu and CUDA (see
-//! `kernel.rs`), and for `Autodiff<B>` by delegating to `B` (the base is frozen, so only the
-//! input receives a gradient, through an ordinary matmul).
-//!
-//! Packed codes live in a `u32` Int tensor (bitsandbytes' bytes, little-endian, eight codes per
-//! word): every backend stores `u32` natively, so a 1.5B model's base takes half a byte per
-//! weight on the host and on the device alike.
+//! [`ModelBackend`] for burn's Flex, the default CPU backend: projections run through the host
+//! kernels of [`crate::nf4::cpu`] directly on the tensors' memory (row tiles in parallel, each
+//! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed.
 
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::backend::{Autodiff, Flex};
-use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::ops::{FloatTensor, IntTensor};
-use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
-use super::cpu;
-
-/// A backend that can compute with NF4 weights.
-pub trait Nf4Backend: Backend {
-    /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block and the
-    /// 16-entry code `table` into a `[rows, cols]` float tensor (`table[code] * absmax`).
-    fn nf4_dequantize(
-        codes: IntTensor<Self>,
-        absmax: FloatTensor<Self>,
-        table: FloatTensor<Self>,
-        rows: usize,
-        cols: usize,
-    ) -> FloatTensor<Self>;
-
-    /// `x · Wᵀ` for `x` `[m, cols]` and a dense weight `W` `[rows, cols]`; returns `[m, rows]`.
-    /// The default is the backend's matmul as `(W · xᵀ)ᵀ`, so no backend copies a transposed
-    /// weight.
-    fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        matmul_linear::<Self>(x, w)
-    }
-
-    /// `x · Wᵀ` for `x` `[m, cols]` and the NF4 weight `W` `[rows, cols]`; returns `[m, rows]`.
-    /// The default dequantizes into a temporary and uses the backend's matmul as `(W · xᵀ)ᵀ`,
-    /// so the temporary is read in its row-major layout.
-    fn nf4_linear(
-        x: FloatTensor<Self>,
-        codes: IntTensor<Self>,
-        absmax: FloatTensor<Self>,
-        table: FloatTensor<Self>,
-        rows: usize,
-        cols: usize,
-    ) -> FloatTensor<Self> {
-        dequantize_then_matmul::<Self>(x, codes, absmax, table, rows, cols)
-    }
-}
-
-/// `x · Wᵀ` as `(W · xᵀ)ᵀ` with the backend's matmul.
-pub fn matmul_linear<B: Backend>(x: FloatTensor<B>, w: FloatTensor<B>) -> FloatTensor<B> {
-    B::float_transpose(B::float_matmul(w, B::float_transpose(x)))
-}
-
-/// `x · Wᵀ` by dequantizing `W` into a temporary and computing `(W · xᵀ)ᵀ` with the backend's
-/// matmul, so the temporary is read in its row-major layout.
-pub fn dequantize_then_matmul<B: Nf4Backend>(
-    x: FloatTensor<B>,
-    codes: IntTensor<B>,
-    absmax: FloatTensor<B>,
-    table: FloatTensor<B>,
-    rows: usize,
-    cols: usize,
-) -> FloatTensor<B> {
-    matmul_linear::<B>(x, B::nf4_dequantize(codes, absmax, table, rows, cols))
-}
-
-/// Uploads bitsandbytes' packed bytes as a `u32` code tensor.
-pub fn codes_tensor<B: Backend>(packed: &[u8], device: &B::Device) -> Tensor<B, 1, Int> {
-    let words = cpu::pack_words(packed);
-    let len = words.len();
-    Tensor::from_data(TensorData::new(words, [len]), (device, DType::U32))
-}
-
-/// Reads a code tensor back into bitsandbytes' bytes (`len` of them).
-pub fn codes_bytes<B: Backend>(codes: &Tensor<B, 1, Int>, len: usize) -> Vec<u8> {
-    let data = codes.to_data();
-    let words: Vec<u32> = match data.as_slice::<u32>() {
-        Ok(words) => words.to_vec(),
-        // A backend may widen the stored dtype on read; the bit patterns are what matter.
-        Err(_) => data.iter::<i64>().map(|v| v as u32).collect(),
-    };
-    cpu::unpack_words(&words, len)
-}
+use super::{ModelBackend, reference};
+use crate::nf4::cpu;
 
 /// Runs `f` on the `u32` words of a Flex code tensor, without copying when it is contiguous.
 fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
@@ -118,6 +42,25 @@ fn with_f32<R>(tensor: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
     }
 }
 
+/// Runs `f` on the raw bits of a bf16 Flex tensor, row-major.
+fn with_bf16<R>(tensor: &FlexTensor, f: impl FnOnce(&[u16]) -> R) -> R {
+    match tensor.as_slice::<half::bf16>() {
+        Some(values) => f(bf16_bits(values)),
+        None => {
+            let contiguous = tensor.to_contiguous();
+            f(bf16_bits(
+                contiguous.as_slice::<half::bf16>().expect("contiguous"),
+            ))
+        }
+    }
+}
+
+/// The raw bits of bf16 values (the same memory).
+fn bf16_bits(values: &[half::bf16]) -> &[u16] {
+    // SAFETY: `half::bf16` is `repr(transparent)` over `u16`.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u16>(), values.len()) }
+}
+
 fn flex_float(values: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
@@ -131,7 +74,10 @@ fn table_values(table: &FlexTensor) -> [f32; 16] {
     })
 }
 
-impl Nf4Backend for Flex {
+impl ModelBackend for Flex {
+    const HOST: bool = true;
+    const KEEPS_BF16: bool = true;
+
     fn nf4_dequantize(
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
@@ -148,20 +94,61 @@ impl Nf4Backend for Flex {
         flex_float(out, [rows, cols])
     }
 
-    fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        use burn::tensor::TensorMetadata;
-        // f32 only: another dtype keeps its own matmul (and its dtype).
-        if x.dtype() != DType::F32 || w.dtype() != DType::F32 {
-            return matmul_linear::<Self>(x, w);
+    fn kv_write(
+        buffer: FloatTensor<Self>,
+        start: usize,
+        values: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let full = buffer.is_contiguous()
+            && buffer.layout().start_offset() == 0
+            && buffer.bytes().len() == buffer.layout().num_elements() * 4;
+        if buffer.dtype() != DType::F32 || values.dtype() != DType::F32 || !full {
+            return reference::slice_write::<Self>(buffer, start, values);
         }
+        let (shape, vshape) = (buffer.shape(), values.shape());
+        let (a, capacity, b, n) = (shape[0], shape[1], shape[2], vshape[1]);
+        let mut buffer = buffer;
+        with_f32(&values, |src| {
+            // Copy-on-write: in place when the buffer is uniquely owned (the cache's case).
+            let dst = buffer.storage_mut::<f32>();
+            for i in 0..a {
+                let to = (i * capacity + start) * b;
+                dst[to..to + n * b].copy_from_slice(&src[i * n * b..(i + 1) * n * b]);
+            }
+        });
+        buffer
+    }
+
+    fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         let (m, shape) = (x.shape()[0], w.shape());
         let (rows, cols) = (shape[0], shape[1]);
         // Row tiles in parallel, each through a single-threaded gemm: measured faster on this
         // model than Flex's one multi-threaded gemm per projection (docs/benchmarks.md).
-        let out = with_f32(&w, |ws| {
-            with_f32(&x, |xs| cpu::dense_linear(xs, m, ws, rows, cols))
-        });
+        let out = match (x.dtype(), w.dtype()) {
+            (DType::F32, DType::F32) => with_f32(&w, |ws| {
+                with_f32(&x, |xs| cpu::dense_linear(xs, m, ws, rows, cols))
+            }),
+            (DType::F32, DType::BF16) => with_bf16(&w, |ws| {
+                with_f32(&x, |xs| cpu::bf16_linear(xs, m, ws, rows, cols))
+            }),
+            _ => return reference::matmul_linear::<Self>(x, reference::widen::<Self>(w)),
+        };
         flex_float(out, [m, rows])
+    }
+
+    fn dense_linear_transposed(g: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (m, shape) = (g.shape()[0], w.shape());
+        let (rows, cols) = (shape[0], shape[1]);
+        let out = match (g.dtype(), w.dtype()) {
+            (DType::F32, DType::F32) => with_f32(&w, |ws| {
+                with_f32(&g, |gs| cpu::linear_transposed_dense(gs, m, ws, rows, cols))
+            }),
+            (DType::F32, DType::BF16) => with_bf16(&w, |ws| {
+                with_f32(&g, |gs| cpu::linear_transposed_bf16(gs, m, ws, rows, cols))
+            }),
+            _ => return Self::float_matmul(g, reference::widen::<Self>(w)),
+        };
+        flex_float(out, [m, cols])
     }
 
     fn nf4_linear(
@@ -172,9 +159,7 @@ impl Nf4Backend for Flex {
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self> {
-        // The tiled kernel at every size: measured faster than the fused one in total over a
-        // layer's projections from one input row up (`cargo xtask bench nf4 --cpu-kernels`).
-        let m = burn::tensor::TensorMetadata::shape(&x)[0];
+        let m = x.shape()[0];
         let table = table_values(&table);
         let out = with_words(&codes, |words| {
             with_f32(&absmax, |absmax| {
@@ -185,26 +170,33 @@ impl Nf4Backend for Flex {
         });
         flex_float(out, [m, rows])
     }
-}
 
-impl<B: Nf4Backend, C: CheckpointStrategy> Nf4Backend for Autodiff<B, C> {
-    fn nf4_dequantize(
+    fn nf4_linear_transposed(
+        g: FloatTensor<Self>,
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
         table: FloatTensor<Self>,
         rows: usize,
         cols: usize,
     ) -> FloatTensor<Self> {
-        let absmax = <Self as AutodiffBackend>::inner(absmax);
-        let table = <Self as AutodiffBackend>::inner(table);
-        <Self as AutodiffBackend>::from_inner(B::nf4_dequantize(codes, absmax, table, rows, cols))
+        let m = g.shape()[0];
+        let table = table_values(&table);
+        let out = with_words(&codes, |words| {
+            with_f32(&absmax, |absmax| {
+                with_f32(&g, |gs| {
+                    cpu::linear_transposed_nf4(gs, m, words, absmax, &table, rows, cols)
+                })
+            })
+        });
+        flex_float(out, [m, cols])
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nf4::format::{dequantize_nf4, quantize_nf4};
+    use crate::nf4::format::{NF4_CODE, dequantize_nf4, quantize_nf4};
+    use crate::nf4::{codes_bytes, codes_tensor};
 
     #[test]
     fn cpu_ops_match_the_format() {
@@ -217,7 +209,7 @@ mod tests {
         let codes = codes_tensor::<Flex>(&q.packed, &device);
         assert_eq!(codes_bytes(&codes, q.packed.len()), q.packed);
         let absmax = Tensor::<Flex, 1>::from_floats(q.absmax.as_slice(), &device);
-        let table = Tensor::<Flex, 1>::from_floats(crate::nf4::format::NF4_CODE, &device);
+        let table = Tensor::<Flex, 1>::from_floats(NF4_CODE, &device);
         let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
         let got = Flex::nf4_dequantize(
             codes.clone().into_primitive(),

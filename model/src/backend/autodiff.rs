@@ -1,0 +1,249 @@
+//! [`ModelBackend`] for `Autodiff<B>`: the model's heavy operations as custom autodiff
+//! operations whose backward passes recompute instead of keeping.
+//!
+//! - **NF4 projection**: the forward pass runs `B`'s kernel; the backward pass computes
+//!   `grad_x = grad_y · W` by dequantizing again (tile by tile on the CPU), so the only thing
+//!   kept is the packed weight the model holds anyway. Left to burn's matmul, the dequantized
+//!   f32 weight of every projection would stay alive until the backward pass.
+//! - **Dense projection**: the same for a frozen dense (f32 or bf16) weight; when the weight is
+//!   trainable (full fine-tuning) its gradient `grad_yᵀ · x` is computed too.
+//! - **Attention**: keeps queries, keys, values, the output and one log-sum-exp per query, and
+//!   recomputes each query block's probabilities in the backward pass
+//!   ([`reference::attention_backward`]); no `[heads, T, T]` tensor outlives its block.
+//! - **Log-probabilities**: keeps the hidden states and recomputes each chunk's logits in the
+//!   backward pass ([`reference::token_logprobs_backward`]); no `[T, vocab]` tensor outlives
+//!   its chunk.
+//!
+//! Cached attention (inference) and a trainable output head fall back to burn's own operations,
+//! which are differentiable but keep their intermediates.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary, unary};
+use burn::tensor::ops::{FloatTensor, IntTensor};
+
+use super::{Head, Heads, ModelBackend, Span, reference};
+
+type Ad<B, C> = Autodiff<B, C>;
+
+/// The head's weights on the inner backend, when none of them is trainable.
+fn frozen_head<B: ModelBackend, C: CheckpointStrategy>(head: &Head<Ad<B, C>>) -> Option<Head<B>> {
+    match head {
+        Head::Dense(w) if !w.is_tracked() => Some(Head::Dense(w.primitive.clone())),
+        Head::Dense(_) => None,
+        Head::Nf4 {
+            codes,
+            absmax,
+            table,
+            rows,
+            cols,
+        } => Some(Head::Nf4 {
+            codes: codes.clone(),
+            absmax: absmax.primitive.clone(),
+            table: table.primitive.clone(),
+            rows: *rows,
+            cols: *cols,
+        }),
+    }
+}
+
+#[derive(Debug)]
+struct Nf4Linear;
+
+impl<B: ModelBackend> Backward<B, 1> for Nf4Linear {
+    type State = (IntTensor<B>, FloatTensor<B>, FloatTensor<B>, usize, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (codes, absmax, table, rows, cols) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |g| {
+            B::nf4_linear_transposed(g, codes, absmax, table, rows, cols)
+        });
+    }
+}
+
+#[derive(Debug)]
+struct DenseLinear;
+
+impl<B: ModelBackend> Backward<B, 2> for DenseLinear {
+    /// The input (kept only when the weight is trainable) and the weight.
+    type State = (Option<FloatTensor<B>>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, w) = ops.state;
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            |g| B::dense_linear_transposed(g, w),
+            |g| {
+                let x = x.expect("the input is kept when the weight is trainable");
+                B::float_matmul(B::float_transpose(g), x)
+            },
+        );
+    }
+}
+
+#[derive(Debug)]
+struct Attention;
+
+/// What attention's backward pass needs: queries, keys, values, output, log-sum-exp, layout.
+type AttentionState<B> = (
+    [FloatTensor<B>; 5],
+    Vec<Span>,
+    Heads,
+);
+
+impl<B: ModelBackend> Backward<B, 3> for Attention {
+    type State = AttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let ([q, k, v, out, lse], spans, heads) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let (dq, dk, dv) =
+            reference::attention_backward::<B>(q, k, v, out, lse, grad, &spans, heads);
+        let [pq, pk, pv] = ops.parents;
+        for (parent, g) in [(pq, dq), (pk, dk), (pv, dv)] {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct TokenLogprobs;
+
+impl<B: ModelBackend> Backward<B, 1> for TokenLogprobs {
+    /// Hidden states, head, targets, temperature, chunk.
+    type State = (FloatTensor<B>, Head<B>, IntTensor<B>, f64, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (hidden, head, targets, temperature, chunk) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |g| {
+            reference::token_logprobs_backward::<B>(hidden, &head, targets, temperature, chunk, g)
+        });
+    }
+}
+
+impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
+    const HOST: bool = B::HOST;
+    const KEEPS_BF16: bool = B::KEEPS_BF16;
+
+    fn nf4_dequantize(
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        // The base is frozen: the dequantized weight is a constant.
+        let out = B::nf4_dequantize(codes, absmax.primitive, table.primitive, rows, cols);
+        <Self as burn::tensor::backend::AutodiffBackend>::from_inner(out)
+    }
+
+    fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        let w_tracked = w.is_tracked();
+        match DenseLinear
+            .prepare::<C>([x.node.clone(), w.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let kept = w_tracked.then(|| x.primitive.clone());
+                let out = B::dense_linear(x.primitive, w.primitive.clone());
+                prep.finish((kept, w.primitive), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::dense_linear(x.primitive, w.primitive)),
+        }
+    }
+
+    fn nf4_linear(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        let (absmax, table) = (absmax.primitive, table.primitive);
+        match Nf4Linear
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::nf4_linear(
+                    x.primitive,
+                    codes.clone(),
+                    absmax.clone(),
+                    table.clone(),
+                    rows,
+                    cols,
+                );
+                prep.finish((codes, absmax, table, rows, cols), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::nf4_linear(
+                x.primitive,
+                codes,
+                absmax,
+                table,
+                rows,
+                cols,
+            )),
+        }
+    }
+
+    fn packed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
+        let (qp, kp, vp) = (q.primitive, k.primitive, v.primitive);
+        let (out, lse) = B::packed_attention(qp.clone(), kp.clone(), vp.clone(), spans, heads);
+        let lse_out = <Self as burn::tensor::backend::AutodiffBackend>::from_inner(lse.clone());
+        let out = match Attention.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(
+                ([qp, kp, vp, out.clone(), lse], spans.to_vec(), heads),
+                out,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, lse_out)
+    }
+
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+    ) -> FloatTensor<Self> {
+        let Some(inner_head) = frozen_head(head) else {
+            // A trainable head: burn's own operations carry its gradient.
+            return reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk);
+        };
+        let out = B::token_logprobs(
+            hidden.primitive.clone(),
+            &inner_head,
+            targets.clone(),
+            temperature,
+            chunk,
+        );
+        match TokenLogprobs
+            .prepare::<C>([hidden.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                (hidden.primitive, inner_head, targets, temperature, chunk),
+                out,
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! The backend extension the model needs beyond burn's own operations: projections by frozen
+//! dense, bf16 and NF4 weights (and their transposes, for the backward pass), packed
+//! grouped-query attention over ragged sequences, and token log-probabilities computed a chunk
+//! of positions at a time with the output head inside the chunk.
+//!
+//! Every operation has a default built from burn tensor operations ([`reference`]), so any
+//! backend works. The CPU backend ([`crate::Cpu`], burn's Flex) replaces the projections with
+//! host kernels; the GPU backends replace NF4 dequantization with a CubeCL kernel; and
+//! `Autodiff<B>` makes the projections, attention and log-probabilities custom autodiff
+//! operations whose backward passes recompute what they need instead of keeping it
+//! ([`autodiff`]): an NF4 projection keeps only its packed weight, attention keeps its inputs
+//! and one log-sum-exp per query, and the log-probabilities keep only the hidden states.
+
+pub mod autodiff;
+pub mod flex;
+pub mod reference;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+
+/// How queries, keys and values are laid out in a packed attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heads {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (`heads` is a multiple of it).
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// Query heads that share one key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// `1 / sqrt(head_dim)`.
+    pub fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+}
+
+/// The new tokens of one sequence in a packed call: rows `start .. start + len` of the packed
+/// tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// First packed row of the sequence.
+    pub start: usize,
+    /// Number of new tokens.
+    pub len: usize,
+}
+
+/// Keys or values of one sequence for attention: `[kv_heads, positions, head_dim]`.
+pub type SequenceKv<B> = (FloatTensor<B>, FloatTensor<B>);
+
+/// A frozen output head `[vocab, hidden]` for [`ModelBackend::token_logprobs`].
+#[derive(Clone, Debug)]
+pub enum Head<B: Backend> {
+    /// A dense weight (f32, or bf16 on backends that keep it).
+    Dense(FloatTensor<B>),
+    /// A packed NF4 weight.
+    Nf4 {
+        /// Packed codes (`u32` words).
+        codes: IntTensor<B>,
+        /// One f32 scale per 64-element block.
+        absmax: FloatTensor<B>,
+        /// The 16-entry code table.
+        table: FloatTensor<B>,
+        /// Vocabulary size (rows).
+        rows: usize,
+        /// Hidden size (columns).
+        cols: usize,
+    },
+}
+
+impl<B: ModelBackend> Head<B> {
+    /// `x · Wᵀ` for `x` `[m, hidden]`; returns `[m, vocab]`.
+    pub fn forward(&self, x: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Head::Dense(w) => B::dense_linear(x, w.clone()),
+            Head::Nf4 {
+                codes,
+                absmax,
+                table,
+                rows,
+                cols,
+            } => B::nf4_linear(
+                x,
+                codes.clone(),
+                absmax.clone(),
+                table.clone(),
+                *rows,
+                *cols,
+            ),
+        }
+    }
+
+    /// `g · W` for `g` `[m, vocab]`; returns `[m, hidden]`.
+    pub fn backward(&self, g: FloatTensor<B>) -> FloatTensor<B> {
+        match self {
+            Head::Dense(w) => B::dense_linear_transposed(g, w.clone()),
+            Head::Nf4 {
+                codes,
+                absmax,
+                table,
+                rows,
+                cols,
+            } => B::nf4_linear_transposed(
+                g,
+                codes.clone(),
+                absmax.clone(),
+                table.clone(),
+                *rows,
+                *cols,
+            ),
+        }
+    }
+}
+
+/// A burn backend the model can run on.
+pub trait ModelBackend: Backend {
+    /// Whether the backend computes on the host, so a tensor's values can be read without a
+    /// device transfer (sampling then reads logits directly instead of reducing on the device).
+    const HOST: bool = false;
+
+    /// Whether the backend multiplies by bf16 weights without converting them whole (the
+    /// embedding table then stays bf16 in memory; otherwise it is widened to f32 at load).
+    const KEEPS_BF16: bool = false;
+
+    /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block and the
+    /// 16-entry code `table` into a `[rows, cols]` float tensor (`table[code] * absmax`).
+    fn nf4_dequantize(
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self>;
+
+    /// Writes `values` `[a, n, b]` into `buffer` `[a, capacity, b]` at positions
+    /// `start .. start + n` of its middle axis and returns the buffer. The default is
+    /// `slice_assign`; a backend that can write a uniquely owned buffer in place does so (the
+    /// KV cache relies on it to avoid copying every row on every step).
+    fn kv_write(
+        buffer: FloatTensor<Self>,
+        start: usize,
+        values: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::slice_write::<Self>(buffer, start, values)
+    }
+
+    /// `x · Wᵀ` for `x` `[m, cols]` and a dense weight `W` `[rows, cols]`; returns `[m, rows]`.
+    /// The default is the backend's matmul as `(W · xᵀ)ᵀ`, so no backend copies a transposed
+    /// weight; a bf16 weight is widened first.
+    fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        reference::matmul_linear::<Self>(x, reference::widen::<Self>(w))
+    }
+
+    /// `g · W` for `g` `[m, rows]` and a dense weight `W` `[rows, cols]`; returns `[m, cols]`
+    /// (the input gradient of [`ModelBackend::dense_linear`]).
+    fn dense_linear_transposed(g: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(g, reference::widen::<Self>(w))
+    }
+
+    /// `x · Wᵀ` for `x` `[m, cols]` and the NF4 weight `W` `[rows, cols]`; returns `[m, rows]`.
+    /// The default dequantizes into a temporary and uses the backend's matmul.
+    fn nf4_linear(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
+        reference::matmul_linear::<Self>(x, w)
+    }
+
+    /// `g · W` for `g` `[m, rows]` and the NF4 weight `W` `[rows, cols]`; returns `[m, cols]`.
+    /// The default dequantizes into a temporary.
+    fn nf4_linear_transposed(
+        g: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        absmax: FloatTensor<Self>,
+        table: FloatTensor<Self>,
+        rows: usize,
+        cols: usize,
+    ) -> FloatTensor<Self> {
+        let w = Self::nf4_dequantize(codes, absmax, table, rows, cols);
+        Self::float_matmul(g, w)
+    }
+
+    /// Causal grouped-query attention over packed sequences with nothing cached: `q` is
+    /// `[n, heads · head_dim]`, `k` and `v` are `[n, kv_heads · head_dim]` (after RoPE), all
+    /// sequences' tokens one after another as `spans` says; each token attends to its own
+    /// sequence up to itself. Returns the output `[n, heads · head_dim]` and the log-sum-exp of
+    /// each query's scaled scores `[n, heads]` (what a memory-lean backward pass needs).
+    fn packed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        reference::packed_attention::<Self>(q, k, v, spans, heads)
+    }
+
+    /// Causal grouped-query attention of packed new tokens over cached sequences: `q` is
+    /// `[n, heads · head_dim]` and `kv[i]` holds sequence `i`'s keys and values
+    /// `[kv_heads, positions, head_dim]` after RoPE, its `spans[i].len` new tokens last. New
+    /// token `t` attends to every key up to its own position. Returns `[n, heads · head_dim]`.
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        kv: Vec<SequenceKv<Self>>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> FloatTensor<Self> {
+        reference::cached_attention::<Self>(q, kv, spans, heads)
+    }
+
+    /// Log-probability and entropy of the temperature-scaled next-token distribution at each
+    /// position: `logits = hidden · headᵀ / temperature`, computed `chunk` positions at a time
+    /// so no `[n, vocab]` tensor is ever whole. Returns `[n, 2]`: column 0 is
+    /// `log_softmax(logits)[target]`, column 1 the entropy.
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+    ) -> FloatTensor<Self> {
+        reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk)
+    }
+}

@@ -1,0 +1,171 @@
+//! One training forward and backward pass over packed sequences, with optional per-layer
+//! activation checkpointing.
+//!
+//! Without checkpointing, burn's autodiff graph spans the whole model: every layer's
+//! intermediates live until the backward pass (custom operations already keep them small: see
+//! [`crate::backend::autodiff`]). With checkpointing, the forward pass runs on the inner
+//! backend and keeps only each decoder layer's input; the backward pass then goes layer by
+//! layer from the top, re-running one layer under autodiff from its saved input and
+//! backpropagating the gradient that arrived from above. Only one layer's intermediates exist at
+//! a time. Each layer is its own small graph, so nothing is re-entrant; the parameter gradients
+//! of all layers are gathered into one [`GradientsParams`].
+//!
+//! LoRA dropout must be off with checkpointing: the recomputation would draw a different mask.
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
+
+use crate::backend::ModelBackend;
+use crate::error::{ModelError, Result};
+use crate::logprobs::{SequenceLogprobs, head_logprobs, targets};
+use crate::qwen2::Qwen2ForCausalLM;
+
+/// Settings of a training pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainPass {
+    /// Recompute each decoder layer in the backward pass instead of keeping its intermediates.
+    pub checkpointing: bool,
+    /// Positions of logits computed at a time.
+    pub chunk: usize,
+    /// Softmax temperature of the log-probabilities.
+    pub temperature: f64,
+}
+
+impl Default for TrainPass {
+    fn default() -> Self {
+        Self {
+            checkpointing: false,
+            chunk: crate::qwen2::DEFAULT_LOGPROB_CHUNK,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// What a training pass returns.
+pub struct PassOutput<T> {
+    /// The loss value.
+    pub loss: f32,
+    /// What the loss function returned beside the loss.
+    pub aux: T,
+    /// Gradients of the trainable parameters.
+    pub grads: GradientsParams,
+}
+
+/// Runs the model over `seqs`, computes `loss` from their log-probabilities (a scalar tensor
+/// and anything else the caller wants back), and backpropagates it.
+pub fn forward_backward<B, T>(
+    model: &Qwen2ForCausalLM<B>,
+    seqs: &[&[u32]],
+    pass: TrainPass,
+    device: &B::Device,
+    loss: impl FnOnce(&SequenceLogprobs<B>) -> (Tensor<B, 1>, T),
+) -> Result<PassOutput<T>>
+where
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
+    let targets = targets(seqs)?;
+    if !pass.checkpointing {
+        let input = model.packed_input(seqs, device)?;
+        let hidden = model.forward_hidden(&input, None);
+        let out = head_logprobs(model, hidden, &targets, pass.temperature, pass.chunk);
+        let (value, aux) = loss(&out);
+        let scalar = scalar(&value)?;
+        let grads = GradientsParams::from_grads(value.backward(), model);
+        return Ok(PassOutput {
+            loss: scalar,
+            aux,
+            grads,
+        });
+    }
+    if has_dropout(model) {
+        return Err(ModelError::Input(
+            "activation checkpointing needs LoRA dropout 0 (a recomputed layer would draw a \
+             different dropout mask)"
+                .into(),
+        ));
+    }
+    // Forward on the inner backend, keeping each layer's input.
+    let inner = model.valid();
+    let inner_input = inner.packed_input(seqs, device)?;
+    let mut x = inner.model.embed_tokens.forward(inner_input.input_ids.clone());
+    let mut saved = Vec::with_capacity(inner.model.layers.len());
+    for (i, layer) in inner.model.layers.iter().enumerate() {
+        saved.push(x.clone());
+        x = layer.forward(x, &inner_input, i, None);
+    }
+    drop(inner);
+    // The head stage under autodiff, from the last layer's output.
+    let top = Tensor::<B, 2>::from_inner(x).require_grad();
+    let hidden = model.model.norm.forward(top.clone());
+    let out = head_logprobs(model, hidden, &targets, pass.temperature, pass.chunk);
+    let (value, aux) = loss(&out);
+    let scalar = scalar(&value)?;
+    let mut grads_ad = value.backward();
+    let mut upstream = top.grad_remove(&mut grads_ad);
+    let mut grads = GradientsParams::from_grads(grads_ad, model);
+    // Layer by layer from the top: re-run, backpropagate the gradient from above.
+    let input = model.packed_input(seqs, device)?;
+    for (i, layer) in model.model.layers.iter().enumerate().rev() {
+        let Some(g) = upstream.take() else {
+            break; // nothing above depends on this layer
+        };
+        let x = Tensor::<B, 2>::from_inner(saved.pop().expect("one input per layer")).require_grad();
+        let y = layer.forward(x.clone(), &input, i, None);
+        let surrogate = (y * Tensor::<B, 2>::from_inner(g)).sum();
+        let mut layer_grads = surrogate.backward();
+        upstream = x.grad_remove(&mut layer_grads);
+        let from_layer = GradientsParams::from_grads(layer_grads, layer);
+        layer.visit(&mut Gather {
+            from: from_layer,
+            into: &mut grads,
+            _backend: std::marker::PhantomData::<B>,
+        });
+    }
+    Ok(PassOutput {
+        loss: scalar,
+        aux,
+        grads,
+    })
+}
+
+fn scalar<B: burn::tensor::backend::Backend>(value: &Tensor<B, 1>) -> Result<f32> {
+    let v: f32 = value.clone().into_scalar().elem();
+    if !v.is_finite() {
+        return Err(ModelError::Input(format!("the loss is not finite ({v})")));
+    }
+    Ok(v)
+}
+
+/// Whether any adapter of the model has dropout.
+fn has_dropout<B: ModelBackend>(model: &Qwen2ForCausalLM<B>) -> bool {
+    model
+        .projections()
+        .iter()
+        .any(|(_, p)| p.lora.as_ref().is_some_and(|l| l.dropout.prob > 0.0))
+}
+
+/// Moves a module's parameter gradients from one [`GradientsParams`] to another.
+struct Gather<'a, B> {
+    from: GradientsParams,
+    into: &'a mut GradientsParams,
+    _backend: std::marker::PhantomData<B>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        move_grad::<B, D>(&mut self.from, self.into, param.id);
+    }
+}
+
+fn move_grad<B: AutodiffBackend, const D: usize>(
+    from: &mut GradientsParams,
+    into: &mut GradientsParams,
+    id: ParamId,
+) {
+    if let Some(g) = from.remove::<B::InnerBackend, D>(id) {
+        into.register::<B::InnerBackend, D>(id, g);
+    }
+}

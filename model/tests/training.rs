@@ -1,0 +1,403 @@
+//! The training path against plain burn operations: the custom autodiff operations (NF4 and
+//! dense projections, attention, chunked log-probabilities) give the values and gradients of
+//! the straightforward computations they replace, per-layer checkpointing gives the gradients
+//! of the ordinary backward pass, and attention matches a naive host implementation.
+
+use burn::backend::Autodiff;
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+use fathom_model::backend::{Heads, ModelBackend, Span, reference};
+use fathom_model::linear::Nf4Weight;
+use fathom_model::lora::init_rng;
+use fathom_model::{
+    Cpu, LoraSettings, Qwen2Config, Qwen2ForCausalLM, Target, TrainPass, forward_backward,
+    packed_logprobs,
+};
+
+type Ad = Autodiff<Cpu>;
+
+fn float<B: burn::tensor::backend::Backend, const D: usize>(
+    t: burn::tensor::ops::FloatTensor<B>,
+) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn prim<B: burn::tensor::backend::Backend, const D: usize>(
+    t: Tensor<B, D>,
+) -> burn::tensor::ops::FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+fn values<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec().unwrap()
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn seeded(shape: [usize; 2], seed: u64) -> Tensor<Ad, 2> {
+    let n = shape[0] * shape[1];
+    let v: Vec<f32> = (0..n)
+        .map(|i| ((((i as u64 + 1) * (seed * 2654435761 + 97)) % 2001) as f32 / 1000.0) - 1.0)
+        .collect();
+    Tensor::from_data(TensorData::new(v, shape), &Default::default())
+}
+
+#[test]
+fn nf4_op_gradient_equals_dequantize_then_matmul() {
+    let device = Default::default();
+    let (rows, cols, m) = (40, 160, 7);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 70.0)
+        .collect();
+    let nf4 = Nf4Weight::<Ad>::quantize(&w, rows, cols, &device);
+    let dense = nf4.dequantize(); // a constant [rows, cols]
+    let r = seeded([m, rows], 3);
+    let x = seeded([m, cols], 5).require_grad();
+    let y_op = float::<Ad, 2>(Ad::nf4_linear(
+        prim(x.clone()),
+        nf4.codes.clone().into_primitive(),
+        prim(nf4.absmax.clone()),
+        prim(nf4.table.clone()),
+        rows,
+        cols,
+    ));
+    let g_op = x.grad(&(y_op.clone() * r.clone()).sum().backward()).unwrap();
+    let x2 = seeded([m, cols], 5).require_grad();
+    let y_ref = x2.clone().matmul(dense.transpose());
+    let g_ref = x2.grad(&(y_ref.clone() * r).sum().backward()).unwrap();
+    assert!(max_diff(&values(y_op), &values(y_ref)) < 1e-4);
+    assert!(max_diff(&values(g_op), &values(g_ref)) < 1e-4);
+}
+
+#[test]
+fn dense_op_gradients_cover_a_trainable_weight_and_bf16_weights() {
+    let (rows, cols, m) = (24, 40, 5);
+    let r = seeded([m, rows], 7);
+    // A trainable f32 weight: gradients for the input and the weight.
+    let x = seeded([m, cols], 1).require_grad();
+    let w = seeded([rows, cols], 2).require_grad();
+    let y = float::<Ad, 2>(Ad::dense_linear(prim(x.clone()), prim(w.clone())));
+    let grads = (y * r.clone()).sum().backward();
+    let (gx, gw) = (x.grad(&grads).unwrap(), w.grad(&grads).unwrap());
+    let x2 = seeded([m, cols], 1).require_grad();
+    let w2 = seeded([rows, cols], 2).require_grad();
+    let grads2 = (x2.clone().matmul(w2.clone().transpose()) * r.clone())
+        .sum()
+        .backward();
+    assert!(max_diff(&values(gx), &values(x2.grad(&grads2).unwrap())) < 1e-4);
+    assert!(max_diff(&values(gw), &values(w2.grad(&grads2).unwrap())) < 1e-4);
+    // A frozen bf16 weight (as the tied embedding is kept): the host kernel widens tiles.
+    let w16 = seeded([rows, cols], 2).cast(burn::tensor::DType::BF16);
+    let x3 = seeded([m, cols], 1).require_grad();
+    let y3 = float::<Ad, 2>(Ad::dense_linear(prim(x3.clone()), prim(w16.clone())));
+    let g3 = x3.grad(&(y3.clone() * r.clone()).sum().backward()).unwrap();
+    let w32 = w16.cast(burn::tensor::DType::F32);
+    let x4 = seeded([m, cols], 1).require_grad();
+    let y4 = x4.clone().matmul(w32.transpose());
+    let g4 = x4.grad(&(y4.clone() * r).sum().backward()).unwrap();
+    assert!(max_diff(&values(y3), &values(y4)) < 1e-4);
+    assert!(max_diff(&values(g3), &values(g4)) < 1e-4);
+}
+
+/// Naive causal grouped-query attention on the host, one query at a time.
+fn naive_attention(q: &[f32], k: &[f32], v: &[f32], spans: &[Span], h: Heads) -> Vec<f32> {
+    let (d, hq, hk) = (h.head_dim, h.heads * h.head_dim, h.kv_heads * h.head_dim);
+    let mut out = vec![0f32; q.len()];
+    for s in spans {
+        for t in 0..s.len {
+            for head in 0..h.heads {
+                let g = head / h.group();
+                let qrow = &q[(s.start + t) * hq + head * d..][..d];
+                let scores: Vec<f64> = (0..=t)
+                    .map(|j| {
+                        let krow = &k[(s.start + j) * hk + g * d..][..d];
+                        qrow.iter().zip(krow).map(|(a, b)| (a * b) as f64).sum::<f64>()
+                            * h.scale()
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..d {
+                    let acc: f64 = (0..=t)
+                        .map(|j| e[j] / z * v[(s.start + j) * hk + g * d + c] as f64)
+                        .sum();
+                    out[(s.start + t) * hq + head * d + c] = acc as f32;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn packed_attention_matches_naive_and_its_backward_matches_autodiff() {
+    let heads = Heads {
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+    };
+    let spans = [
+        Span { start: 0, len: 5 },
+        Span { start: 5, len: 40 },
+        Span { start: 45, len: 1 },
+    ];
+    let n = 46;
+    let q = seeded([n, 32], 11);
+    let k = seeded([n, 16], 12);
+    let v = seeded([n, 16], 13);
+    let r = seeded([n, 32], 14);
+    // Forward against the naive host version; small blocks so several blocks per sequence.
+    for budget in [usize::MAX, 4 * 40 * 16, 4 * 40 * 3] {
+        let (out, _) = reference::packed_attention_with_budget::<Cpu>(
+            prim(q.clone().inner()),
+            prim(k.clone().inner()),
+            prim(v.clone().inner()),
+            &spans,
+            heads,
+            budget,
+        );
+        let want = naive_attention(
+            &values(q.clone()),
+            &values(k.clone()),
+            &values(v.clone()),
+            &spans,
+            heads,
+        );
+        let diff = max_diff(&values(float::<Cpu, 2>(out)), &want);
+        assert!(diff < 1e-5, "budget {budget}: {diff}");
+    }
+    // The custom op's gradients against burn's autodiff through the same computation.
+    let grads_of = |custom: bool| {
+        let (q, k, v) = (
+            q.clone().require_grad(),
+            k.clone().require_grad(),
+            v.clone().require_grad(),
+        );
+        let out = if custom {
+            Ad::packed_attention(prim(q.clone()), prim(k.clone()), prim(v.clone()), &spans, heads).0
+        } else {
+            reference::packed_attention::<Ad>(
+                prim(q.clone()),
+                prim(k.clone()),
+                prim(v.clone()),
+                &spans,
+                heads,
+            )
+            .0
+        };
+        let grads = (float::<Ad, 2>(out) * r.clone()).sum().backward();
+        [q.grad(&grads), k.grad(&grads), v.grad(&grads)].map(|g| values(g.unwrap()))
+    };
+    let (custom, plain) = (grads_of(true), grads_of(false));
+    for (name, (a, b)) in ["q", "k", "v"].iter().zip(custom.iter().zip(&plain)) {
+        let diff = max_diff(a, b);
+        assert!(diff < 1e-5, "d{name}: {diff}");
+    }
+    // The blocked backward pass, with several blocks per sequence, gives the same gradients.
+    let (qi, ki, vi) = (q.clone().inner(), k.clone().inner(), v.clone().inner());
+    let (out, lse) = reference::packed_attention::<Cpu>(
+        prim(qi.clone()),
+        prim(ki.clone()),
+        prim(vi.clone()),
+        &spans,
+        heads,
+    );
+    for budget in [4 * 40 * 16, 4 * 40 * 3] {
+        let (dq, dk, dv) = reference::attention_backward_with_budget::<Cpu>(
+            prim(qi.clone()),
+            prim(ki.clone()),
+            prim(vi.clone()),
+            out.clone(),
+            lse.clone(),
+            prim(r.clone().inner()),
+            &spans,
+            heads,
+            budget,
+        );
+        for (name, (got, want)) in ["q", "k", "v"].iter().zip([dq, dk, dv].into_iter().zip(&plain)) {
+            let diff = max_diff(&values(float::<Cpu, 2>(got)), want);
+            assert!(diff < 1e-5, "budget {budget}, d{name}: {diff}");
+        }
+    }
+}
+
+fn tiny_config(tied: bool) -> Qwen2Config {
+    let mut c = Qwen2Config::with_shape(48, 16, 24, 2, 4, 2);
+    c.tie_word_embeddings = tied;
+    c
+}
+
+/// Sets every `lora_b` to small non-zero values, so every adapter parameter has a gradient.
+struct NudgeB;
+impl ModuleMapper<Ad> for NudgeB {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<Ad, D>>) -> Param<Tensor<Ad, D>> {
+        let (id, t, mapper) = param.consume();
+        let dims = t.dims();
+        let is_b = D == 2 && dims[1] == 2;
+        let t = if is_b {
+            let n: usize = dims.iter().product();
+            let v: Vec<f32> = (0..n).map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.1).collect();
+            Tensor::<Ad, D>::from_data(TensorData::new(v, dims), &t.device()).require_grad()
+        } else {
+            t
+        };
+        Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+fn lora_model(tied: bool, nf4: bool) -> Qwen2ForCausalLM<Ad> {
+    let device = Default::default();
+    let settings = LoraSettings {
+        rank: 2,
+        alpha: 4.0,
+        dropout: 0.0,
+        rslora: false,
+        targets: Target::ALL.to_vec(),
+    };
+    Qwen2ForCausalLM::<Ad>::random(tiny_config(tied), 21, nf4, &device)
+        .attach_lora(&settings, &mut init_rng(3), &device)
+        .map(&mut NudgeB)
+}
+
+/// Every adapter gradient, in parameter order.
+fn lora_grads(model: &Qwen2ForCausalLM<Ad>, grads: &burn::optim::GradientsParams) -> Vec<Vec<f32>> {
+    let mut out = Vec::new();
+    for (_, p) in model.projections() {
+        if let Some(l) = &p.lora {
+            for param in [&l.lora_a, &l.lora_b] {
+                let g = grads
+                    .get::<Cpu, 2>(param.id)
+                    .expect("every adapter parameter has a gradient");
+                out.push(values(g));
+            }
+        }
+    }
+    out
+}
+
+const SEQS: [&[u32]; 3] = [&[1, 5, 9, 2, 7, 30, 44, 3], &[3, 3, 8], &[47, 0, 12, 19, 6]];
+
+/// `Σ w_i · logp_i + 0.1 · Σ entropy_i` with position-dependent weights.
+fn weighted(out: &fathom_model::SequenceLogprobs<Ad>) -> (Tensor<Ad, 1>, ()) {
+    let n = out.logprobs.dims()[0];
+    let w: Vec<f32> = (0..n).map(|i| 1.0 + (i % 3) as f32).collect();
+    let w = Tensor::<Ad, 1>::from_data(TensorData::new(w, [n]), &Default::default());
+    ((out.logprobs.clone() * w).sum() + out.entropy.clone().sum().mul_scalar(0.1), ())
+}
+
+#[test]
+fn chunked_logprobs_and_entropy_equal_the_unchunked_computation() {
+    for (tied, nf4) in [(true, false), (false, true)] {
+        let device = Default::default();
+        let model = lora_model(tied, nf4);
+        // Unchunked: full logits, log_softmax, gather, entropy — plain burn operations.
+        let input = model.packed_input(&SEQS, &device).unwrap();
+        let logits = model.logits(model.forward_hidden(&input, None)).div_scalar(0.7);
+        let logp_all = log_softmax(logits, 1);
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        let mut start = 0;
+        for s in SEQS {
+            rows.extend((start..start + s.len() - 1).map(|r| r as i64));
+            targets.extend(s[1..].iter().map(|&t| t as i64));
+            start += s.len();
+        }
+        let m = rows.len();
+        let rows = Tensor::<Ad, 1, Int>::from_data(TensorData::new(rows, [m]), &device);
+        let picked = logp_all.select(0, rows);
+        let t = Tensor::<Ad, 2, Int>::from_data(TensorData::new(targets, [m, 1]), &device);
+        let logp = picked.clone().gather(1, t).reshape([m]);
+        let entropy = (picked.clone().exp() * picked).sum_dim(1).neg().reshape([m]);
+        let plain = fathom_model::SequenceLogprobs {
+            logprobs: logp,
+            entropy,
+            offsets: vec![],
+        };
+        let (loss_plain, _) = weighted(&plain);
+        let plain_grads = burn::optim::GradientsParams::from_grads(loss_plain.backward(), &model);
+        for chunk in [1, 4, 1000] {
+            let out = packed_logprobs(&model, &SEQS, 0.7, chunk, &device).unwrap();
+            assert_eq!(out.offsets, vec![0, 7, 9, 13]);
+            let lp_diff = max_diff(&values(out.logprobs.clone()), &values(plain.logprobs.clone()));
+            let ent_diff = max_diff(&values(out.entropy.clone()), &values(plain.entropy.clone()));
+            assert!(lp_diff < 1e-5 && ent_diff < 1e-5, "chunk {chunk}: {lp_diff} {ent_diff}");
+            let (loss, _) = weighted(&out);
+            let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+            for (a, b) in lora_grads(&model, &grads).iter().zip(lora_grads(&model, &plain_grads)) {
+                let diff = max_diff(a, &b);
+                assert!(diff < 1e-4, "tied {tied} nf4 {nf4} chunk {chunk}: {diff}");
+            }
+        }
+    }
+}
+
+#[test]
+fn checkpointing_gives_the_ordinary_gradients() {
+    let device = Default::default();
+    for nf4 in [false, true] {
+        let model = lora_model(true, nf4);
+        let run = |checkpointing: bool| {
+            let pass = TrainPass {
+                checkpointing,
+                chunk: 3,
+                temperature: 1.0,
+            };
+            forward_backward(&model, &SEQS, pass, &device, weighted).unwrap()
+        };
+        let (plain, ckpt) = (run(false), run(true));
+        assert!((plain.loss - ckpt.loss).abs() < 1e-4, "{} vs {}", plain.loss, ckpt.loss);
+        let (a, b) = (lora_grads(&model, &plain.grads), lora_grads(&model, &ckpt.grads));
+        assert_eq!(a.len(), 2 * 7 * 2);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(max_diff(x, y) < 1e-5, "nf4 {nf4}: {}", max_diff(x, y));
+        }
+        assert!(a.iter().flatten().any(|g| g.abs() > 1e-4), "gradients are not all zero");
+    }
+}
+
+#[test]
+fn checkpointing_refuses_lora_dropout() {
+    let device = Default::default();
+    let settings = LoraSettings {
+        rank: 2,
+        alpha: 4.0,
+        dropout: 0.1,
+        rslora: false,
+        targets: vec![Target::QProj],
+    };
+    let model = Qwen2ForCausalLM::<Ad>::random(tiny_config(true), 1, false, &device)
+        .attach_lora(&settings, &mut init_rng(1), &device);
+    let pass = TrainPass {
+        checkpointing: true,
+        ..TrainPass::default()
+    };
+    let err = forward_backward(&model, &SEQS, pass, &device, weighted)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("dropout"), "{err}");
+}
+
+#[test]
+fn random_inputs_do_not_produce_nan_gradients_through_long_sequences() {
+    // A longer sequence than any block, through the full model with checkpointing.
+    let device = Default::default();
+    let model = lora_model(true, true);
+    let long: Vec<u32> = (0..300).map(|i| (i * 17 % 48) as u32).collect();
+    let seqs: [&[u32]; 1] = [&long];
+    let pass = TrainPass {
+        checkpointing: true,
+        chunk: 64,
+        temperature: 1.0,
+    };
+    let out = forward_backward(&model, &seqs, pass, &device, weighted).unwrap();
+    assert!(out.loss.is_finite());
+    for g in lora_grads(&model, &out.grads) {
+        assert!(g.iter().all(|v| v.is_finite()));
+    }
+}
