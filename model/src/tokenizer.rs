@@ -169,6 +169,22 @@ impl Tokenizer {
             })
     }
 
+    /// Token ids of `text` with each token's byte range in `text` (for masks over parts of a
+    /// rendered conversation).
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        self.inner
+            .encode(text, add_special_tokens)
+            .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))
+            .map_err(|e| ModelError::Tokenizer {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })
+    }
+
     /// Text of `ids`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
