@@ -87,6 +87,9 @@ struct TokenizerConfig {
     pad_token: Option<TokenSpec>,
 }
 
+/// Token ids, and each token's byte range in the encoded text.
+pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A tokenizer with its chat template and special tokens.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -175,7 +178,7 @@ impl Tokenizer {
         &self,
         text: &str,
         add_special_tokens: bool,
-    ) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    ) -> Result<IdsWithOffsets> {
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))

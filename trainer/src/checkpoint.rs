@@ -268,7 +268,7 @@ pub fn save<B: AutodiffBackend>(
     write_file(&tmp.join("recipe.ron"), recipe_text.as_bytes())?;
 
     let mut files = Vec::new();
-    collect_files(&tmp, &tmp, &mut files)?;
+    collect_files(&tmp, &mut files)?;
     let mut entries = Vec::new();
     for path in files {
         let bytes = std::fs::read(&path).map_err(io(&path))?;
@@ -422,8 +422,8 @@ pub fn load<B: AutodiffBackend>(
     let read = |name: &str| {
         std::fs::read_to_string(dir.join(name)).map_err(|e| invalid(format!("{name}: {e}")))
     };
-    let state: TrainerState =
-        serde_json::from_str(&read("state.json")?).map_err(|e| invalid(format!("state.json: {e}")))?;
+    let state: TrainerState = serde_json::from_str(&read("state.json")?)
+        .map_err(|e| invalid(format!("state.json: {e}")))?;
     state
         .rng
         .restore()
@@ -458,7 +458,10 @@ pub fn load<B: AutodiffBackend>(
         }
         remap.insert(s.id, *id);
     }
-    if let Some(path) = current.keys().find(|p| !saved.iter().any(|s| &s.path == *p)) {
+    if let Some(path) = current
+        .keys()
+        .find(|p| !saved.iter().any(|s| &s.path == *p))
+    {
         return Err(invalid(format!(
             "optimizer_params.json: the loaded model's parameter `{path}` has no saved state entry"
         )));
@@ -503,7 +506,7 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
-fn collect_files(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CheckpointError> {
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), CheckpointError> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
         .map_err(io(dir))?
         .collect::<Result<_, _>>()
@@ -512,7 +515,7 @@ fn collect_files(base: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), 
     for e in entries {
         let p = e.path();
         if p.is_dir() {
-            collect_files(base, &p, out)?;
+            collect_files(&p, out)?;
         } else if e.file_name().to_string_lossy().starts_with('.') {
             // A leftover temporary of an atomic write: not part of the checkpoint.
             std::fs::remove_file(&p).map_err(io(&p))?;

@@ -112,7 +112,10 @@ impl LossSettings {
             return Err(("beta", format!("must be ≥ 0, got {}", self.beta)));
         }
         if let LossNormalization::DrGrpo { max_tokens: 0 } = self.normalization {
-            return Err(("normalization", "DrGrpo's max_tokens must be positive".into()));
+            return Err((
+                "normalization",
+                "DrGrpo's max_tokens must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -294,11 +297,17 @@ impl Sample {
             )));
         }
         if self.sampled[0] {
-            return Err(err("the first token cannot be sampled (nothing precedes it)".into()));
+            return Err(err(
+                "the first token cannot be sampled (nothing precedes it)".into(),
+            ));
         }
-        if let Some(t) = (0..self.ids.len()).find(|&t| self.sampled[t] && !self.logprobs[t].is_finite())
+        if let Some(t) =
+            (0..self.ids.len()).find(|&t| self.sampled[t] && !self.logprobs[t].is_finite())
         {
-            return Err(err(format!("sampled token {t} has log-probability {}", self.logprobs[t])));
+            return Err(err(format!(
+                "sampled token {t} has log-probability {}",
+                self.logprobs[t]
+            )));
         }
         Ok(())
     }
@@ -430,7 +439,8 @@ impl<B: Backend> LossBatch<B> {
                 weights.push((batch.loss_mask[b * cols + t] as f64 * row_weight) as f32);
             }
         }
-        let tensor = |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [rows, cols]), device);
+        let tensor =
+            |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [rows, cols]), device);
         let excluded: Vec<bool> = batch.loss_mask.iter().map(|m| *m == 0.0).collect();
         Ok(Self {
             old_logprobs: tensor(batch.old_logprobs.clone()),
@@ -516,8 +526,8 @@ pub fn policy_loss<B: Backend>(
     let clipped = ratio
         .clone()
         .clamp(1.0 - settings.epsilon_low, 1.0 + settings.epsilon_high);
-    let surrogate = (ratio.clone() * batch.advantages.clone())
-        .min_pair(clipped * batch.advantages.clone());
+    let surrogate =
+        (ratio.clone() * batch.advantages.clone()).min_pair(clipped * batch.advantages.clone());
     let mut per_token = surrogate.neg();
     let mut kl_values = None;
     if let Some(reference) = ref_logprobs {
@@ -529,13 +539,7 @@ pub fn policy_loss<B: Backend>(
         }
     }
     let loss = (per_token * batch.weights.clone()).sum();
-    let stats = stats(
-        &batch.host,
-        ratio.detach(),
-        kl_values,
-        entropy,
-        settings,
-    );
+    let stats = stats(&batch.host, ratio.detach(), kl_values, entropy, settings);
     Ok(PolicyLoss { loss, stats })
 }
 

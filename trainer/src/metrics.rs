@@ -283,9 +283,12 @@ mod tests {
             },
             rollout: (stage == Stage::Grpo).then(|| RolloutMetrics {
                 reward: 0.1 + 0.05 * s,
-                reward_components: [("correctness".to_string(), 0.1 * s), ("format_gate".into(), 1.0)]
-                    .into_iter()
-                    .collect(),
+                reward_components: [
+                    ("correctness".to_string(), 0.1 * s),
+                    ("format_gate".into(), 1.0),
+                ]
+                .into_iter()
+                .collect(),
                 kl: None,
                 entropy: Some(1.25 - s / 100.0),
                 completion_tokens: 300.0 - s,
@@ -335,7 +338,10 @@ mod tests {
         let good = line(&record(Stage::Grpo, 1));
         std::fs::write(&path, format!("{good}{{\"stage\":\"grpo\"}}\n{good}")).unwrap();
         let err = read_log(&path).unwrap_err().to_string();
-        assert!(err.contains("metrics.jsonl:2:") && err.contains("missing field"), "{err}");
+        assert!(
+            err.contains("metrics.jsonl:2:") && err.contains("missing field"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -345,10 +351,24 @@ mod tests {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        for want in ["reward", "reward/correctness", "entropy", "llm_calls", "time/learning_s"] {
+        for want in [
+            "reward",
+            "reward/correctness",
+            "entropy",
+            "llm_calls",
+            "time/learning_s",
+        ] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
         }
-        assert!(!names.iter().any(|n| n == "kl"), "absent values are left out");
-        assert!(!record(Stage::Sft, 1).series().iter().any(|(n, _)| n == "reward"));
+        assert!(
+            !names.iter().any(|n| n == "kl"),
+            "absent values are left out"
+        );
+        assert!(
+            !record(Stage::Sft, 1)
+                .series()
+                .iter()
+                .any(|(n, _)| n == "reward")
+        );
     }
 }

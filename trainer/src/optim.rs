@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsParams};
-use burn::tensor::{ElementConversion, Tensor};
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// AdamW hyper-parameters (a recipe's `optimizer` section).
@@ -196,11 +196,8 @@ impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for ParamWalker {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.params.push((
-            param.id,
-            self.path.join("."),
-            param.val().dims().to_vec(),
-        ));
+        self.params
+            .push((param.id, self.path.join("."), param.val().dims().to_vec()));
     }
 }
 
@@ -382,7 +379,11 @@ mod tests {
         assert!((c.scale - 2.0 / norm).abs() < 1e-12);
         let after_a = values::<2>(&g, m.a.id);
         let after_b = values::<1>(&g, m.b.id);
-        for (x, y) in before_a.iter().chain(&before_b).zip(after_a.iter().chain(&after_b)) {
+        for (x, y) in before_a
+            .iter()
+            .chain(&before_b)
+            .zip(after_a.iter().chain(&after_b))
+        {
             assert!((*y as f64 - *x as f64 * c.scale).abs() < 1e-6, "{x} → {y}");
         }
         let clipped = global_norm::<Ad, _>(&m, &g);

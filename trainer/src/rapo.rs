@@ -65,7 +65,10 @@ impl RapoSettings {
         if let Some(r) = &self.replay
             && !r.min_reward.is_finite()
         {
-            return Err(("replay", format!("min_reward must be finite, got {}", r.min_reward)));
+            return Err((
+                "replay",
+                format!("min_reward must be finite, got {}", r.min_reward),
+            ));
         }
         Ok(())
     }
@@ -165,6 +168,12 @@ pub struct GoodGroups {
 
 /// Drops zero-variance groups; with `rescale`, multiplies the remaining advantages by
 /// `n_groups / n_good`.
+///
+/// The factor restores the magnitude of a loss whose normaliser counts every episode of the
+/// full batch (per-sequence with `B` = all episodes, or Dr. GRPO's `B · L`), as in the paper.
+/// A loss normalised over the kept episodes only (DAPO's token-level mean, or per-sequence
+/// with `B` = kept episodes) already loses no magnitude by dropping, so rescaling there
+/// enlarges the update by the factor; the recipe's `rescale_advantages` chooses.
 ///
 /// ```
 /// use fathom_trainer::grpo::group_advantages;
@@ -304,7 +313,9 @@ pub struct RapoState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpo::{LossBatch, LossNormalization, LossSettings, group_advantages, host_batch, policy_loss};
+    use crate::grpo::{
+        LossBatch, LossNormalization, LossSettings, group_advantages, host_batch, policy_loss,
+    };
     use burn::backend::Autodiff;
     use burn::tensor::{Tensor, TensorData};
     use fathom_model::Cpu;
@@ -331,7 +342,10 @@ mod tests {
         let s = settings();
         let mut rates = SolveRates::default();
         rates.record("easy", [true; 7]);
-        assert!(!rates.is_pruned("easy", &s), "7 attempts are fewer than min_attempts");
+        assert!(
+            !rates.is_pruned("easy", &s),
+            "7 attempts are fewer than min_attempts"
+        );
         rates.record("easy", [true]);
         assert!(rates.is_pruned("easy", &s));
         rates.record("hard", [true, true, true, true, true, true, false, false]);
@@ -379,21 +393,38 @@ mod tests {
     fn replay_injects_the_latest_success_into_all_fail_groups_only() {
         let replay = ReplaySettings { min_reward: 0.5 };
         let mut buffer = ReplayBuffer::default();
-        assert!(!buffer.offer("p", &sample(10), 0.25, 1, &replay), "a failure is not stored");
+        assert!(
+            !buffer.offer("p", &sample(10), 0.25, 1, &replay),
+            "a failure is not stored"
+        );
         assert!(buffer.offer("p", &sample(20), 0.9, 2, &replay));
-        assert!(buffer.offer("p", &sample(30), 0.8, 3, &replay), "the latest success wins");
+        assert!(
+            buffer.offer("p", &sample(30), 0.8, 3, &replay),
+            "the latest success wins"
+        );
         assert_eq!(buffer.get("p").unwrap().step, 3);
 
         // A group with a success is untouched.
         let mut samples = vec![sample(1), sample(2), sample(3)];
         let mut rewards = vec![0.0, 0.95, 0.1];
-        assert_eq!(buffer.inject("p", &mut samples, &mut rewards, &replay), None);
+        assert_eq!(
+            buffer.inject("p", &mut samples, &mut rewards, &replay),
+            None
+        );
         assert_eq!(rewards, vec![0.0, 0.95, 0.1]);
 
         // An all-fail group gets the stored success in place of its worst member.
         let mut rewards = vec![0.1, -0.2, 0.25];
-        let injected = buffer.inject("p", &mut samples, &mut rewards, &replay).unwrap();
-        assert_eq!(injected, Injection { index: 1, from_step: 3 });
+        let injected = buffer
+            .inject("p", &mut samples, &mut rewards, &replay)
+            .unwrap();
+        assert_eq!(
+            injected,
+            Injection {
+                index: 1,
+                from_step: 3
+            }
+        );
         assert_eq!(samples[1], sample(30));
         assert_eq!(rewards, vec![0.1, 0.8, 0.25]);
         // ... which restores variance: the replayed episode now has the only positive advantage.
@@ -403,7 +434,10 @@ mod tests {
 
         // Nothing stored for another prompt.
         let mut rewards = vec![0.0; 3];
-        assert_eq!(buffer.inject("q", &mut samples, &mut rewards, &replay), None);
+        assert_eq!(
+            buffer.inject("q", &mut samples, &mut rewards, &replay),
+            None
+        );
     }
 
     /// The replayed sample's stored log-probabilities are its "old" log-probabilities: the ratio
@@ -422,13 +456,14 @@ mod tests {
             normalization: LossNormalization::TokenLevel,
             scale_by_std: true,
         };
-        let lb = LossBatch::<Ad>::new(&batch, &[1.0], LossNormalization::TokenLevel, &device)
-            .unwrap();
+        let lb =
+            LossBatch::<Ad>::new(&batch, &[1.0], LossNormalization::TokenLevel, &device).unwrap();
         // The current policy: much likelier than the behaviour policy on the first token
         // (ratio e^1 > 1.28: clipped, no gradient), less likely on the second (ratio e^−0.5:
         // weighted by the ratio).
-        let new = Tensor::<Ad, 2>::from_data(TensorData::new(vec![0.7f32, -1.7, 0.0], [1, 3]), &device)
-            .require_grad();
+        let new =
+            Tensor::<Ad, 2>::from_data(TensorData::new(vec![0.7f32, -1.7, 0.0], [1, 3]), &device)
+                .require_grad();
         let out = policy_loss(new.clone(), &lb, None, None, &loss_settings).unwrap();
         assert_eq!(out.stats.clip_high, 0.5);
         let grads = out.loss.backward();

@@ -469,7 +469,12 @@ fn parse_error(text: &str, origin: &str, e: ron::error::SpannedError) -> RecipeE
 fn text_before(text: &str, line: usize, column: usize) -> String {
     text.lines()
         .nth(line.saturating_sub(1))
-        .map(|l| l.chars().take(column.saturating_sub(1)).filter(|c| !c.is_whitespace()).collect())
+        .map(|l| {
+            l.chars()
+                .take(column.saturating_sub(1))
+                .filter(|c| !c.is_whitespace())
+                .collect()
+        })
         .unwrap_or_default()
 }
 

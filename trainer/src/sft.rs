@@ -13,14 +13,14 @@
 
 pub mod expert;
 
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
 use fathom_env::env::{EnvError, Environment, ResetRequest};
 use fathom_env::policy::run_episode;
 use fathom_model::nf4::Nf4Backend;
 use fathom_model::{ChatMessage, ChatRole, ModelError, Qwen2ForCausalLM, Tokenizer};
 use fathom_rewards::record::{Family, Message, Role, Task};
 use fathom_rewards::{Composite, ScoreError};
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
@@ -200,8 +200,7 @@ pub fn assistant_spans(
         if !with.starts_with(&before) || !full.starts_with(&with) {
             return Err(SftError::Template {
                 index: i,
-                message: "a prefix of the conversation renders differently inside the whole"
-                    .into(),
+                message: "a prefix of the conversation renders differently inside the whole".into(),
             });
         }
         let turn = &with[before.len()..];
@@ -244,7 +243,9 @@ pub struct SftBatch {
 pub fn sft_batch(examples: &[&SftExample], pad_id: u32) -> Result<SftBatch, SftError> {
     let len = examples.iter().map(|e| e.ids.len()).max().unwrap_or(0);
     if len < 2 {
-        return Err(SftError::Input("an SFT batch needs sequences of 2 tokens or more".into()));
+        return Err(SftError::Input(
+            "an SFT batch needs sequences of 2 tokens or more".into(),
+        ));
     }
     let targets: usize = examples
         .iter()

@@ -55,7 +55,11 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         .filter(|t| !t.correct)
         .map(|t| (&t.task_id, &t.style, t.messages.last().map(|m| &m.content)))
         .collect();
-    assert!(correct >= 44, "{correct}/45 correct; failures: {failures:#?}");
+    assert!(
+        correct >= 44,
+        "{correct}/45 correct; failures: {failures:#?}"
+    );
+    eprintln!("{correct}/45 traces correct");
 
     // Wording and strategy vary: many distinct first turns, both fences, both needle
     // strategies.
@@ -65,6 +69,10 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         .map(|m| m.content.as_str())
         .collect();
     assert!(firsts.len() >= 25, "{} distinct first turns", firsts.len());
+    eprintln!(
+        "{} distinct first assistant turns in 45 traces",
+        firsts.len()
+    );
     let text = |t: &fathom_trainer::sft::Trace| {
         t.messages
             .iter()
@@ -74,12 +82,20 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     };
     assert!(traces.iter().any(|t| text(t).contains("```python")));
     assert!(traces.iter().any(|t| text(t).contains("```repl")));
-    let needles: Vec<_> = traces.iter().filter(|t| t.family == Family::Needle).collect();
+    let needles: Vec<_> = traces
+        .iter()
+        .filter(|t| t.family == Family::Needle)
+        .collect();
     assert!(needles.iter().any(|t| t.style.windows) && needles.iter().any(|t| !t.style.windows));
 
     // Waste: about the set fraction, and it shows in the record.
     let wasteful: Vec<_> = traces.iter().filter(|t| t.style.detour.is_some()).collect();
-    assert!((6..=24).contains(&wasteful.len()), "{} wasteful of 45", wasteful.len());
+    assert!(
+        (6..=24).contains(&wasteful.len()),
+        "{} wasteful of 45",
+        wasteful.len()
+    );
+    eprintln!("{} of 45 traces waste their first turn", wasteful.len());
     for t in &wasteful {
         let first_obs = &t.messages[3].content;
         match t.style.detour.unwrap() {
@@ -105,12 +121,12 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     for t in traces.iter().take(10) {
         let ex = render(&tokenizer, &chat_messages(&t.messages)).unwrap();
-        let turns = t.messages.iter().filter(|m| m.role == Role::Assistant).count();
-        let runs = ex
-            .targets
-            .windows(2)
-            .filter(|w| w[1] && !w[0])
+        let turns = t
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
             .count();
+        let runs = ex.targets.windows(2).filter(|w| w[1] && !w[0]).count();
         assert_eq!(runs, turns, "{}", t.task_id);
     }
 }
@@ -121,7 +137,8 @@ fn main() {
         "expert_traces_vary_waste_on_purpose_and_stay_correct",
         expert_traces_vary_waste_on_purpose_and_stay_correct,
     )];
-    println!("\nrunning {} tests", tests.len());
+    let plural = if tests.len() == 1 { "" } else { "s" };
+    println!("\nrunning {} test{plural}", tests.len());
     let mut failed = 0;
     for (name, test) in tests {
         let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();

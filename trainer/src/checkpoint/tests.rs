@@ -146,7 +146,11 @@ fn round_trip_restores_adapter_optimizer_rng_and_state_exactly() {
     let mut o3 = adamw().init::<Ad, Qwen2ForCausalLM<Ad>>();
     let g3 = grads(&m3);
     let m3 = o3.step(1e-2, m3, g3);
-    assert_ne!(lora_values(&m3), lora_values(&m1), "state must matter for this test");
+    assert_ne!(
+        lora_values(&m3),
+        lora_values(&m1),
+        "state must matter for this test"
+    );
 }
 
 #[test]
@@ -159,7 +163,10 @@ fn a_crash_mid_write_never_hides_the_latest_complete_checkpoint() {
     std::fs::create_dir_all(tmp.join("adapter")).unwrap();
     std::fs::write(tmp.join("adapter/adapter_model.safetensors"), b"partial").unwrap();
     std::fs::write(tmp.join("state.json"), b"{\"step\": 2").unwrap();
-    assert_eq!(latest(root.path(), Stage::Grpo).unwrap(), Some(good.clone()));
+    assert_eq!(
+        latest(root.path(), Stage::Grpo).unwrap(),
+        Some(good.clone())
+    );
     // A newer directory whose files were damaged after the rename, or which lacks its
     // manifest, is skipped too.
     let newer = save(root.path(), &model, &optim, &state(30), RECIPE, 5).unwrap();
@@ -173,20 +180,35 @@ fn a_crash_mid_write_never_hides_the_latest_complete_checkpoint() {
         .set_len(len / 2)
         .unwrap();
     let err = verify(&newer).unwrap_err().to_string();
-    assert!(err.contains("optimizer.mpk") && err.contains("bytes"), "{err}");
-    assert_eq!(latest(root.path(), Stage::Grpo).unwrap(), Some(good.clone()));
+    assert!(
+        err.contains("optimizer.mpk") && err.contains("bytes"),
+        "{err}"
+    );
+    assert_eq!(
+        latest(root.path(), Stage::Grpo).unwrap(),
+        Some(good.clone())
+    );
     let no_manifest = root.path().join("step-00000040");
     std::fs::create_dir(&no_manifest).unwrap();
     let err = verify(&no_manifest).unwrap_err().to_string();
-    assert!(err.contains("manifest.json") && err.contains("incomplete"), "{err}");
-    assert_eq!(latest(root.path(), Stage::Grpo).unwrap(), Some(good.clone()));
+    assert!(
+        err.contains("manifest.json") && err.contains("incomplete"),
+        "{err}"
+    );
+    assert_eq!(
+        latest(root.path(), Stage::Grpo).unwrap(),
+        Some(good.clone())
+    );
     // Resuming picks that one and loads.
     let fresh = adamw().init::<Ad, Qwen2ForCausalLM<Ad>>();
     let loaded = load(&good, base(), fresh, &Default::default()).unwrap();
     assert_eq!(loaded.state.step, 10);
     // Loading the damaged one names the file.
     let fresh = adamw().init::<Ad, Qwen2ForCausalLM<Ad>>();
-    let err = load(&newer, base(), fresh, &Default::default()).err().unwrap().to_string();
+    let err = load(&newer, base(), fresh, &Default::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("optimizer.mpk"), "{err}");
 }
 
@@ -203,7 +225,15 @@ fn only_the_newest_k_are_kept_and_same_step_saves_replace() {
         .map(|(s, _)| s)
         .collect();
     assert_eq!(steps, vec![15, 20]);
-    let again = save(root.path(), &model, &optim, &state(20), "(changed: true)", 2).unwrap();
+    let again = save(
+        root.path(),
+        &model,
+        &optim,
+        &state(20),
+        "(changed: true)",
+        2,
+    )
+    .unwrap();
     verify(&again).unwrap();
     assert_eq!(
         std::fs::read_to_string(again.join("recipe.ron")).unwrap(),
@@ -232,8 +262,7 @@ fn loading_names_what_does_not_match() {
     // adapter attaches to q, v and down; the optimiser entries are checked by path.
     let dir = save(root.path(), &model, &optim, &state(2), RECIPE, 2).unwrap();
     let mut params: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(dir.join("optimizer_params.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(dir.join("optimizer_params.json")).unwrap()).unwrap();
     params[0]["path"] = "model.layers.9.self_attn.q_proj.lora.lora_a".into();
     let text = serde_json::to_vec_pretty(&params).unwrap();
     std::fs::write(dir.join("optimizer_params.json"), &text).unwrap();
@@ -248,7 +277,10 @@ fn loading_names_what_does_not_match() {
     }
     std::fs::write(dir.join(MANIFEST), json(&manifest)).unwrap();
     let fresh = adamw().init::<Ad, Qwen2ForCausalLM<Ad>>();
-    let err = load(&dir, base(), fresh, &Default::default()).err().unwrap().to_string();
+    let err = load(&dir, base(), fresh, &Default::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         err.contains("optimizer_params.json") && err.contains("model.layers.9"),
         "{err}"

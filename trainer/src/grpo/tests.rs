@@ -57,20 +57,28 @@ fn run(
 ) -> (f64, Vec<f32>, LossStats) {
     let device = Default::default();
     let batch = LossBatch::<Ad>::new(&host(), &ADV, settings.normalization, &device).unwrap();
-    let new = Tensor::<Ad, 2>::from_data(TensorData::new(new.to_vec(), [2, 3]), &device)
-        .require_grad();
+    let new =
+        Tensor::<Ad, 2>::from_data(TensorData::new(new.to_vec(), [2, 3]), &device).require_grad();
     let reference =
         reference.map(|r| Tensor::<Ad, 2>::from_data(TensorData::new(r.to_vec(), [2, 3]), &device));
     let out = policy_loss(new.clone(), &batch, reference, None, settings).unwrap();
     let loss = out.loss.clone().into_scalar() as f64;
     let grads = out.loss.backward();
-    let grad = new.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap();
+    let grad = new
+        .grad(&grads)
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     (loss, grad, out.stats)
 }
 
 fn assert_close(got: &[f32], want: &[f64], what: &str) {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((*g as f64 - w).abs() < 1e-5, "{what}[{i}]: got {g}, want {w} ({got:?})");
+        assert!(
+            (*g as f64 - w).abs() < 1e-5,
+            "{what}[{i}]: got {g}, want {w} ({got:?})"
+        );
     }
 }
 
@@ -96,7 +104,13 @@ fn loss_and_gradients_match_the_hand_computation_for_each_normalisation() {
         // One of five loss tokens clipped on each side; the mean ratio over loss tokens.
         assert!((stats.clip_low - 0.2).abs() < 1e-12, "{stats:?}");
         assert!((stats.clip_high - 0.2).abs() < 1e-12, "{stats:?}");
-        let ratios = [0.5f64.exp(), (-0.5f64).exp(), 1.0, 0.4f64.exp(), (-0.5f64).exp()];
+        let ratios = [
+            0.5f64.exp(),
+            (-0.5f64).exp(),
+            1.0,
+            0.4f64.exp(),
+            (-0.5f64).exp(),
+        ];
         let mean = ratios.iter().sum::<f64>() / 5.0;
         assert!((stats.mean_ratio - mean).abs() < 1e-5, "{stats:?}");
         assert_eq!(stats.tokens, 5);
@@ -126,11 +140,18 @@ fn the_k3_penalty_adds_its_hand_computed_value_and_gradient() {
         want_loss += (loss_t[i] + beta * k3) / 5.0;
         want_grad[i] = (grad_t[i] + beta * (1.0 - d.exp())) / 5.0;
     }
-    assert!((loss - want_loss).abs() < 1e-5, "loss {loss}, want {want_loss}");
+    assert!(
+        (loss - want_loss).abs() < 1e-5,
+        "loss {loss}, want {want_loss}"
+    );
     assert_close(&grad, &want_grad, "grad");
     assert!((stats.kl.unwrap() - kl).abs() < 1e-5, "{stats:?}");
     // β = 0 with a reference: the KL is reported but not added.
-    let (loss0, _, stats0) = run(NEW, Some(reference), &settings(LossNormalization::TokenLevel, 0.0));
+    let (loss0, _, stats0) = run(
+        NEW,
+        Some(reference),
+        &settings(LossNormalization::TokenLevel, 0.0),
+    );
     let plain: f64 = loss_t.iter().map(|l| l / 5.0).sum();
     assert!((loss0 - plain).abs() < 1e-5);
     assert!(stats0.kl.is_some());
@@ -207,7 +228,10 @@ fn host_batch_shifts_and_pads() {
         logprobs: vec![0.0, 0.0],
     };
     let err = host_batch(&[&a, &bad], 0).unwrap_err().to_string();
-    assert!(err.contains("sample 1") && err.contains("first token"), "{err}");
+    assert!(
+        err.contains("sample 1") && err.contains("first token"),
+        "{err}"
+    );
     let short = Sample {
         ids: vec![1, 2, 3],
         sampled: vec![false, true],
@@ -219,7 +243,8 @@ fn host_batch_shifts_and_pads() {
 #[test]
 fn shape_errors_are_reported() {
     let device = Default::default();
-    let batch = LossBatch::<Ad>::new(&host(), &ADV, LossNormalization::TokenLevel, &device).unwrap();
+    let batch =
+        LossBatch::<Ad>::new(&host(), &ADV, LossNormalization::TokenLevel, &device).unwrap();
     let wrong = Tensor::<Ad, 2>::zeros([2, 4], &device);
     let s = settings(LossNormalization::TokenLevel, 0.0);
     let err = policy_loss(wrong, &batch, None, None, &s).unwrap_err();
@@ -228,4 +253,60 @@ fn shape_errors_are_reported() {
     let s = settings(LossNormalization::TokenLevel, 0.1);
     assert!(policy_loss(new, &batch, None, None, &s).is_err());
     assert!(LossBatch::<Ad>::new(&host(), &[1.0], LossNormalization::TokenLevel, &device).is_err());
+}
+
+/// Episodes whose recorded log-probabilities are the learner's own: after right-padding into
+/// a batch, the learner's log-probabilities line up with them (ratio 1 on every loss token).
+#[test]
+fn the_batch_lines_up_with_the_learners_log_probabilities() {
+    use fathom_model::{Qwen2Config, Qwen2ForCausalLM, sequence_logprobs};
+    let device = Default::default();
+    let model = Qwen2ForCausalLM::<Ad>::random(
+        Qwen2Config::with_shape(48, 16, 32, 2, 4, 2),
+        4,
+        false,
+        &device,
+    );
+    let episode = |ids: Vec<u32>, sampled: Vec<bool>| {
+        let mask = vec![vec![1u8; ids.len()]];
+        let lp: Vec<f32> =
+            sequence_logprobs(&model, std::slice::from_ref(&ids), &mask, 1.0, &device)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+        let logprobs = (0..ids.len())
+            .map(|t| if t > 0 && sampled[t] { lp[t - 1] } else { 0.0 })
+            .collect();
+        Sample {
+            ids,
+            sampled,
+            logprobs,
+        }
+    };
+    // Prompt, sampled turn, observation, sampled answer.
+    let a = episode(
+        vec![1, 2, 3, 10, 11, 12, 20, 21, 30, 31],
+        vec![
+            false, false, false, true, true, true, false, false, true, true,
+        ],
+    );
+    let b = episode(vec![4, 5, 40, 41, 42], vec![false, false, true, true, true]);
+    let host = host_batch(&[&a, &b], 0).unwrap();
+    let batch =
+        LossBatch::<Ad>::new(&host, &[0.7, -0.7], LossNormalization::PerSequence, &device).unwrap();
+    let new = sequence_logprobs(&model, &host.ids, &host.attention, 1.0, &device).unwrap();
+    let out = policy_loss(
+        new,
+        &batch,
+        None,
+        None,
+        &settings(LossNormalization::PerSequence, 0.0),
+    )
+    .unwrap();
+    assert!((out.stats.mean_ratio - 1.0).abs() < 1e-5, "{:?}", out.stats);
+    assert_eq!((out.stats.clip_low, out.stats.clip_high), (0.0, 0.0));
+    assert_eq!(out.stats.tokens, 8);
+    // At ratio 1 the loss is −Σ_b A_b · (n_b / n_b) / B = −(0.7 − 0.7) / 2 = 0.
+    assert!((out.loss.into_scalar() as f64).abs() < 1e-6);
 }

@@ -59,7 +59,13 @@ pub fn collect(records: &[StepMetrics], stage: Stage) -> BTreeMap<String, Vec<(f
 pub fn file_name(prefix: &str, metric: &str) -> String {
     let clean: String = metric
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("{prefix}{clean}.png")
 }
@@ -148,12 +154,16 @@ fn draw<DB: DrawingBackend>(
         .x_desc("step")
         .label_style((FONT, 14))
         .axis_desc_style((FONT, 15))
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| short(*v))
         .draw()
         .map_err(e)?;
     let colour = RGBColor(31, 119, 180);
     chart
-        .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            colour.stroke_width(2),
+        ))
         .map_err(e)?;
     if points.len() <= 60 {
         chart
@@ -179,6 +189,8 @@ fn empty<DB: DrawingBackend>(
 
 /// Compact tick labels: 3 significant digits, scientific for very small or large values.
 fn short(v: f64) -> String {
+    // Tick positions computed in floating point land a hair off zero.
+    let v = if v.abs() < 1e-12 { 0.0 } else { v };
     let a = v.abs();
     if a != 0.0 && !(1e-3..1e5).contains(&a) {
         format!("{v:.2e}")
@@ -218,7 +230,12 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        for want in ["reward.png", "reward_correctness.png", "loss.png", "summary.png"] {
+        for want in [
+            "reward.png",
+            "reward_correctness.png",
+            "loss.png",
+            "summary.png",
+        ] {
             assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
         }
         for f in &files {
@@ -226,7 +243,10 @@ mod tests {
             let total = (dims.0 * dims.1) as usize;
             // Axes, labels and the line: some ink, far from all of it; anti-aliased text
             // brings many shades.
-            assert!(inked > total / 200, "{f:?}: {inked} of {total} pixels inked");
+            assert!(
+                inked > total / 200,
+                "{f:?}: {inked} of {total} pixels inked"
+            );
             assert!(inked < total / 2, "{f:?}: {inked} of {total} pixels inked");
             assert!(colours > 20, "{f:?}: {colours} colours (no text rendered?)");
         }
@@ -242,5 +262,6 @@ mod tests {
         assert_eq!(short(5e-6), "5.00e-6");
         assert_eq!(short(0.0), "0");
         assert_eq!(short(1500.0), "1500");
+        assert_eq!(short(1.39e-17), "0");
     }
 }

@@ -264,7 +264,11 @@ pub fn line_of(text: &str, path: &str) -> Option<usize> {
     // The root value: `Recipe(…)` or `(…)`, after any `#![enable(…)]` attributes.
     let root = tokens.iter().enumerate().position(|(i, t)| {
         matches!(t.kind, Kind::Open('('))
-            && !tokens[..i].iter().rev().take(3).any(|p| p.kind == Kind::Open('['))
+            && !tokens[..i]
+                .iter()
+                .rev()
+                .take(3)
+                .any(|p| p.kind == Kind::Open('['))
     })?;
     let mut pos = root + 1;
     let mut line = None;

@@ -12,7 +12,9 @@ fn tiny() -> String {
 
 /// The 1-based line of the first occurrence of `needle`.
 fn line_of_text(text: &str, needle: &str) -> usize {
-    let at = text.find(needle).unwrap_or_else(|| panic!("{needle:?} not in the text"));
+    let at = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in the text"));
     text[..at].matches('\n').count() + 1
 }
 
@@ -57,8 +59,13 @@ fn the_a100_recipe_is_the_reference_run() {
     };
     assert_eq!((lora.rank, lora.alpha), (16, 32.0));
     assert_eq!(lora.targets, fathom_model::Target::ALL.to_vec());
-    assert_eq!(plan.model.quantization, Quantization::Nf4 { double_quant: true });
-    assert!(matches!(&plan.model.source, ModelSource::HuggingFace { path } if path.ends_with("Qwen2.5-Coder-1.5B-Instruct")));
+    assert_eq!(
+        plan.model.quantization,
+        Quantization::Nf4 { double_quant: true }
+    );
+    assert!(
+        matches!(&plan.model.source, ModelSource::HuggingFace { path } if path.ends_with("Qwen2.5-Coder-1.5B-Instruct"))
+    );
     assert_eq!(plan.device.backend, Backend::Cuda);
     assert_eq!(plan.grpo.group_size, 8);
     assert_eq!(plan.grpo.steps, 200);
@@ -82,9 +89,8 @@ fn the_tiny_recipe_resolves_a_small_random_model() {
     assert_eq!(&plan.train_tasks[..4], &[0, 3, 5, 8]);
     assert_eq!(plan.train_tasks.len(), 20);
     assert_eq!(plan.env.tasks.context_window, 256);
-    let mut sandbox = fathom_env::sandbox::SandboxConfig::new(
-        fathom_env::sandbox::WorkerCommand::CurrentExe,
-    );
+    let mut sandbox =
+        fathom_env::sandbox::SandboxConfig::new(fathom_env::sandbox::WorkerCommand::CurrentExe);
     plan.sandbox.apply(&mut sandbox);
     assert_eq!(sandbox.limits.max_output_chars, 800);
     // The recipe survives a round trip through its own serialisation.
@@ -103,7 +109,10 @@ fn assert_names(message: &str, field: &str, line: usize) {
 
 #[test]
 fn unknown_fields_are_named_with_their_line() {
-    let text = edited("        group_size: 2,\n", "        group_size: 2,\n        groop_size: 3,\n");
+    let text = edited(
+        "        group_size: 2,\n",
+        "        group_size: 2,\n        groop_size: 3,\n",
+    );
     let m = error(&text);
     assert_names(&m, "groop_size", line_of_text(&text, "groop_size"));
     assert!(m.contains("`grpo`") && m.contains("expected one of"), "{m}");
@@ -113,7 +122,10 @@ fn unknown_fields_are_named_with_their_line() {
     assert_names(&m, "wieght", line_of_text(&text, "wieght"));
     assert!(m.contains("rewards.components[0]"), "{m}");
     // At the top level.
-    let text = edited("    remote: None,\n", "    remote: None,\n    remotes: None,\n");
+    let text = edited(
+        "    remote: None,\n",
+        "    remote: None,\n    remotes: None,\n",
+    );
     assert_names(&error(&text), "remotes", line_of_text(&text, "remotes"));
 }
 
@@ -129,7 +141,11 @@ fn missing_fields_are_named_with_their_line() {
         "{m}"
     );
     let text = edited("    seeds: (model: 0, data: 1, sampling: 2),\n", "");
-    assert!(error(&text).contains("missing field `seeds`"), "{}", error(&text));
+    assert!(
+        error(&text).contains("missing field `seeds`"),
+        "{}",
+        error(&text)
+    );
 }
 
 #[test]
@@ -139,10 +155,21 @@ fn wrong_types_name_the_field() {
     assert_names(&m, "grpo.max_new_tokens", line_of_text(&text, "\"lots\""));
     let text = edited("normalization: TokenLevel", "normalization: TokenLvl");
     let m = error(&text);
-    assert_names(&m, "grpo.loss.normalization", line_of_text(&text, "TokenLvl"));
+    assert_names(
+        &m,
+        "grpo.loss.normalization",
+        line_of_text(&text, "TokenLvl"),
+    );
     assert!(m.contains("TokenLvl") && m.contains("DrGrpo"), "{m}");
-    let text = edited("families: [needle, compare]", "families: [needle, comparison]");
-    assert_names(&error(&text), "comparison", line_of_text(&text, "comparison"));
+    let text = edited(
+        "families: [needle, compare]",
+        "families: [needle, comparison]",
+    );
+    assert_names(
+        &error(&text),
+        "comparison",
+        line_of_text(&text, "comparison"),
+    );
 }
 
 #[test]
@@ -167,7 +194,12 @@ fn bad_values_are_named_with_their_line() {
             "data.train.count",
             "count: 5000",
         ),
-        ("group_size: 2,", "group_size: 1,", "grpo.group_size", "group_size: 1"),
+        (
+            "group_size: 2,",
+            "group_size: 1,",
+            "grpo.group_size",
+            "group_size: 1",
+        ),
         (
             "epsilon_low: 0.2",
             "epsilon_low: 1.5",
@@ -186,7 +218,12 @@ fn bad_values_are_named_with_their_line() {
             "remote.urls",
             "ftp://",
         ),
-        ("step_timeout_s: 5.0", "step_timeout_s: -1.0", "env.step_timeout_s", "-1.0"),
+        (
+            "step_timeout_s: 5.0",
+            "step_timeout_s: -1.0",
+            "env.step_timeout_s",
+            "-1.0",
+        ),
         (
             "heldout: (split: heldout",
             "heldout: (split: train",
@@ -206,21 +243,39 @@ fn full_fine_tuning_needs_dense_weights() {
     let end = start + text[start..].find("        ),\n").unwrap() + "        ),\n".len();
     text.replace_range(start..end, "        tuning: Full,\n");
     assert!(Plan::from_text(&text, "tiny.ron").is_ok());
-    let text = text.replacen("quantization: Dense,", "quantization: Nf4(double_quant: false),", 1);
-    assert_names(&error(&text), "model.tuning", line_of_text(&text, "tuning: Full"));
+    let text = text.replacen(
+        "quantization: Dense,",
+        "quantization: Nf4(double_quant: false),",
+        1,
+    );
+    assert_names(
+        &error(&text),
+        "model.tuning",
+        line_of_text(&text, "tuning: Full"),
+    );
 }
 
 #[test]
 fn a_doubly_wrapped_some_gets_a_hint() {
-    let text = edited("    sft: Some(\n", "    sft: Some((\n").replacen("    ),\n    grpo:", "    )),\n    grpo:", 1);
+    let text = edited("    sft: Some(\n", "    sft: Some((\n").replacen(
+        "    ),\n    grpo:",
+        "    )),\n    grpo:",
+        1,
+    );
     let m = error(&text);
     assert!(m.contains("Some(steps: 10"), "{m}");
-    assert!(m.starts_with(&format!("tiny.ron:{}:", line_of_text(&text, "sft: Some(("))), "{m}");
+    assert!(
+        m.starts_with(&format!("tiny.ron:{}:", line_of_text(&text, "sft: Some(("))),
+        "{m}"
+    );
 }
 
 #[test]
 fn syntax_errors_have_a_position() {
-    let text = edited("    device: (backend: Cpu, index: 0),\n", "    device: (backend: Cpu index: 0),\n");
+    let text = edited(
+        "    device: (backend: Cpu, index: 0),\n",
+        "    device: (backend: Cpu index: 0),\n",
+    );
     let m = error(&text);
     let line = line_of_text(&text, "backend: Cpu index");
     assert!(m.starts_with(&format!("tiny.ron:{line}:")), "{m}");

@@ -123,14 +123,20 @@ pub(super) fn plan(
 fn check(r: &Recipe) -> Result<(), Failure> {
     r.model.validate()?;
     if r.device.backend == Backend::Cpu && r.device.index != 0 {
-        return fail("device.index", format!("the CPU is device 0, got {}", r.device.index));
+        return fail(
+            "device.index",
+            format!("the CPU is device 0, got {}", r.device.index),
+        );
     }
     check_data(r)?;
     let e = &r.env;
     positive("env.max_turns", e.max_turns)?;
     positive("env.llm.max_prompt_tokens", e.llm.max_prompt_tokens)?;
     if e.llm.max_depth == 0 {
-        return fail("env.llm.max_depth", "must be at least 1 (1: plain sub-LM calls), got 0");
+        return fail(
+            "env.llm.max_depth",
+            "must be at least 1 (1: plain sub-LM calls), got 0",
+        );
     }
     positive("env.max_output_chars", e.max_output_chars)?;
     if !(e.step_timeout_s.is_finite() && e.step_timeout_s > 0.0 && e.step_timeout_s <= 86_400.0) {
@@ -144,7 +150,9 @@ fn check(r: &Recipe) -> Result<(), Failure> {
         positive("sft.batch_size", sft.batch_size)?;
         positive("sft.max_length", sft.max_length)?;
         sft.optimizer.validate().map_err(within("sft.optimizer"))?;
-        sft.schedule.validate(sft.steps).map_err(within("sft.schedule"))?;
+        sft.schedule
+            .validate(sft.steps)
+            .map_err(within("sft.schedule"))?;
         sft.traces.validate().map_err(within("sft.traces"))?;
     }
     check_grpo(r)?;
@@ -181,7 +189,11 @@ fn check_data(r: &Recipe) -> Result<(), Failure> {
             return fail("data.families", format!("{f:?} is listed twice"));
         }
     }
-    for (name, sel) in [("train", &d.train), ("eval", &d.eval), ("heldout", &d.heldout)] {
+    for (name, sel) in [
+        ("train", &d.train),
+        ("eval", &d.eval),
+        ("heldout", &d.heldout),
+    ] {
         check_selection(&format!("data.{name}"), sel, &d.families)?;
     }
     if d.train.split == d.heldout.split {
@@ -232,7 +244,10 @@ fn check_grpo(r: &Recipe) -> Result<(), Failure> {
     if g.group_size < 2 {
         return fail(
             "grpo.group_size",
-            format!("must be at least 2 (advantages compare episodes of a group), got {}", g.group_size),
+            format!(
+                "must be at least 2 (advantages compare episodes of a group), got {}",
+                g.group_size
+            ),
         );
     }
     if g.prompts_per_step > r.data.train.count {
@@ -262,10 +277,16 @@ fn check_grpo(r: &Recipe) -> Result<(), Failure> {
         );
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return fail("grpo.sampling.top_p", format!("must be in (0, 1], got {}", s.top_p));
+        return fail(
+            "grpo.sampling.top_p",
+            format!("must be in (0, 1], got {}", s.top_p),
+        );
     }
     g.loss.validate().map_err(within("grpo.loss"))?;
-    positive("grpo.optimizer_steps_per_batch", g.optimizer_steps_per_batch)?;
+    positive(
+        "grpo.optimizer_steps_per_batch",
+        g.optimizer_steps_per_batch,
+    )?;
     g.optimizer.validate().map_err(within("grpo.optimizer"))?;
     g.schedule
         .validate(g.steps * g.optimizer_steps_per_batch)

@@ -155,7 +155,11 @@ fn py(s: &str) -> String {
 
 impl VariedExpert {
     fn fence(&self, preface: &str, code: &str) -> String {
-        let label = if self.style.python_fence { "python" } else { "repl" };
+        let label = if self.style.python_fence {
+            "python"
+        } else {
+            "repl"
+        };
         let block = format!("```{label}\n{}\n```", code.trim());
         if preface.is_empty() {
             block
@@ -235,7 +239,10 @@ impl Policy for VariedExpert {
         let question = question(messages)
             .ok_or_else(|| PolicyError("the first user message has no question".into()))?
             .to_string();
-        let assistant_turns = messages.iter().filter(|m| m.role == Role::Assistant).count();
+        let assistant_turns = messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
         // The expert's view: the detour's turn and its observation removed.
         let view: Vec<Message> = match self.style.detour {
             Some(detour) if assistant_turns == 0 => return Ok(self.detour_turn(detour, &question)),
@@ -289,8 +296,10 @@ mod tests {
             .collect();
         let wasteful = styles.iter().filter(|s| s.detour.is_some()).count();
         assert!((70..=130).contains(&wasteful), "{wasteful} of 400");
-        let distinct: std::collections::BTreeSet<_> =
-            styles.iter().map(|s| (s.opener, s.answer, s.names)).collect();
+        let distinct: std::collections::BTreeSet<_> = styles
+            .iter()
+            .map(|s| (s.opener, s.answer, s.names))
+            .collect();
         assert!(distinct.len() > 30, "{}", distinct.len());
         assert!(styles.iter().any(|s| s.windows) && styles.iter().any(|s| !s.windows));
         let none = (0..100).all(|_| Style::draw(&mut rng, Family::Compare, 0.0).detour.is_none());

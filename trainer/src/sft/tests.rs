@@ -96,7 +96,10 @@ fn traces_render_from_environment_messages() {
     let chat = chat_messages(&messages);
     assert_eq!(chat[2].role, ChatRole::Assistant);
     let ex = render(&tokenizer(), &chat).unwrap();
-    assert_eq!(target_runs(&tokenizer(), &ex), vec!["<answer>a</answer><|im_end|>"]);
+    assert_eq!(
+        target_runs(&tokenizer(), &ex),
+        vec!["<answer>a</answer><|im_end|>"]
+    );
 }
 
 type Ad = Autodiff<Cpu>;
@@ -125,11 +128,17 @@ fn the_loss_is_the_mean_nll_of_assistant_tokens_only() {
     let mut nll = 0.0;
     for ex in [&a, &b] {
         let mask = vec![vec![1u8; ex.ids.len()]];
-        let lp = fathom_model::sequence_logprobs(&model, &[ex.ids.clone()], &mask, 1.0, &device)
-            .unwrap()
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap();
+        let lp = fathom_model::sequence_logprobs(
+            &model,
+            std::slice::from_ref(&ex.ids),
+            &mask,
+            1.0,
+            &device,
+        )
+        .unwrap()
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
         for t in 1..ex.ids.len() {
             if ex.targets[t] {
                 nll -= lp[t - 1] as f64;
@@ -146,5 +155,14 @@ fn the_loss_is_the_mean_nll_of_assistant_tokens_only() {
     let batch2 = sft_batch(&[&a, &c], 0).unwrap();
     let loss2 = sft_loss(&model, &batch2, &device).unwrap().into_scalar() as f64;
     assert!((loss2 - loss).abs() < 1e-6);
-    assert!(sft_batch(&[&SftExample { ids: vec![1, 2], targets: vec![false, false] }], 0).is_err());
+    assert!(
+        sft_batch(
+            &[&SftExample {
+                ids: vec![1, 2],
+                targets: vec![false, false]
+            }],
+            0
+        )
+        .is_err()
+    );
 }
