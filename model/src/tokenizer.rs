@@ -87,6 +87,9 @@ struct TokenizerConfig {
     pad_token: Option<TokenSpec>,
 }
 
+/// Token ids, and each token's byte range in the encoded text.
+pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A tokenizer with its chat template and special tokens.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -163,6 +166,22 @@ impl Tokenizer {
         self.inner
             .encode(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
+            .map_err(|e| ModelError::Tokenizer {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Token ids of `text` with each token's byte range in `text` (for masks over parts of a
+    /// rendered conversation).
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<IdsWithOffsets> {
+        self.inner
+            .encode(text, add_special_tokens)
+            .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))
             .map_err(|e| ModelError::Tokenizer {
                 path: self.path.clone(),
                 message: e.to_string(),

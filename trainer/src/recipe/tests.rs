@@ -1,0 +1,282 @@
+//! Every shipped recipe validates; broken ones are rejected with the field and its line.
+
+use super::*;
+
+fn recipes_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../recipes")
+}
+
+fn tiny() -> String {
+    std::fs::read_to_string(recipes_dir().join("tiny.ron")).unwrap()
+}
+
+/// The 1-based line of the first occurrence of `needle`.
+fn line_of_text(text: &str, needle: &str) -> usize {
+    let at = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in the text"));
+    text[..at].matches('\n').count() + 1
+}
+
+/// `tiny.ron` with `from` replaced by `to` (which must occur).
+fn edited(from: &str, to: &str) -> String {
+    let text = tiny();
+    assert!(text.contains(from), "{from:?} not in tiny.ron");
+    text.replacen(from, to, 1)
+}
+
+fn error(text: &str) -> String {
+    match Plan::from_text(text, "tiny.ron") {
+        Ok(_) => panic!("the recipe should be rejected"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn every_shipped_recipe_parses_and_validates() {
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(recipes_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "ron") {
+            let plan = Plan::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!plan.train_tasks.is_empty());
+            seen.push(path.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["a100.ron", "laptop.ron", "tiny.ron"]);
+    // The embedded default is the file.
+    let laptop = Plan::laptop().unwrap();
+    assert_eq!(laptop.model.source, ModelSource::DefaultBase);
+    assert_eq!(laptop.device.backend, Backend::Cpu);
+}
+
+#[test]
+fn the_a100_recipe_is_the_reference_run() {
+    let plan = Plan::load(&recipes_dir().join("a100.ron")).unwrap();
+    let Tuning::Lora(lora) = &plan.model.tuning else {
+        panic!("LoRA expected")
+    };
+    assert_eq!((lora.rank, lora.alpha), (16, 32.0));
+    assert_eq!(lora.targets, fathom_model::Target::ALL.to_vec());
+    assert_eq!(
+        plan.model.quantization,
+        Quantization::Nf4 { double_quant: true }
+    );
+    assert!(
+        matches!(&plan.model.source, ModelSource::HuggingFace { path } if path.ends_with("Qwen2.5-Coder-1.5B-Instruct"))
+    );
+    assert_eq!(plan.device.backend, Backend::Cuda);
+    assert_eq!(plan.grpo.group_size, 8);
+    assert_eq!(plan.grpo.steps, 200);
+    assert_eq!(plan.grpo.optimizer.lr, 5e-6);
+    assert_eq!(plan.grpo.loss.beta, 0.0);
+    assert!(plan.sft.is_some());
+    assert_eq!(plan.rewards.len(), 4);
+    assert_eq!(plan.env.max_turns, 12);
+}
+
+#[test]
+fn the_tiny_recipe_resolves_a_small_random_model() {
+    let plan = Plan::from_text(&tiny(), "tiny.ron").unwrap();
+    let ModelSource::Random { shape, tokenizer } = &plan.model.source else {
+        panic!("random model expected")
+    };
+    assert!(tokenizer.ends_with("qwen2.5-tokenizer"));
+    let config = shape.config(151_665).unwrap();
+    assert_eq!((config.hidden_size, config.num_hidden_layers), (64, 2));
+    // Families needle and compare only: indices 0, 3, 5, 8, … of the split.
+    assert_eq!(&plan.train_tasks[..4], &[0, 3, 5, 8]);
+    assert_eq!(plan.train_tasks.len(), 20);
+    assert_eq!(plan.env.tasks.context_window, 256);
+    let mut sandbox =
+        fathom_env::sandbox::SandboxConfig::new(fathom_env::sandbox::WorkerCommand::CurrentExe);
+    plan.sandbox.apply(&mut sandbox);
+    assert_eq!(sandbox.limits.max_output_chars, 800);
+    // The recipe survives a round trip through its own serialisation.
+    let recipe = Recipe::parse(&tiny(), "tiny.ron").unwrap();
+    assert_eq!(Recipe::parse(&recipe.to_ron(), "again").unwrap(), recipe);
+}
+
+/// Asserts that the message names `field` and puts it on `line`.
+fn assert_names(message: &str, field: &str, line: usize) {
+    assert!(message.contains(field), "{field:?} not named in: {message}");
+    assert!(
+        message.starts_with(&format!("tiny.ron:{line}:")),
+        "line {line} expected: {message}"
+    );
+}
+
+#[test]
+fn unknown_fields_are_named_with_their_line() {
+    let text = edited(
+        "        group_size: 2,\n",
+        "        group_size: 2,\n        groop_size: 3,\n",
+    );
+    let m = error(&text);
+    assert_names(&m, "groop_size", line_of_text(&text, "groop_size"));
+    assert!(m.contains("`grpo`") && m.contains("expected one of"), "{m}");
+    // Deep inside a section shared with another crate (rewards).
+    let text = edited("FormatGate(weight: 0.1)", "FormatGate(wieght: 0.1)");
+    let m = error(&text);
+    assert_names(&m, "wieght", line_of_text(&text, "wieght"));
+    assert!(m.contains("rewards.components[0]"), "{m}");
+    // At the top level.
+    let text = edited(
+        "    remote: None,\n",
+        "    remote: None,\n    remotes: None,\n",
+    );
+    assert_names(&error(&text), "remotes", line_of_text(&text, "remotes"));
+}
+
+#[test]
+fn missing_fields_are_named_with_their_line() {
+    let text = edited("        max_new_tokens: 32,\n", "");
+    let m = error(&text);
+    assert!(m.contains("missing field `grpo.max_new_tokens`"), "{m}");
+    // The line reported is inside the grpo section.
+    let line: usize = m.split(':').nth(1).unwrap().parse().unwrap();
+    assert!(
+        (line_of_text(&text, "    grpo: (")..line_of_text(&text, "    rapo: (")).contains(&line),
+        "{m}"
+    );
+    let text = edited("    seeds: (model: 0, data: 1, sampling: 2),\n", "");
+    assert!(
+        error(&text).contains("missing field `seeds`"),
+        "{}",
+        error(&text)
+    );
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let text = edited("max_new_tokens: 32", "max_new_tokens: \"lots\"");
+    let m = error(&text);
+    assert_names(&m, "grpo.max_new_tokens", line_of_text(&text, "\"lots\""));
+    let text = edited("normalization: TokenLevel", "normalization: TokenLvl");
+    let m = error(&text);
+    assert_names(
+        &m,
+        "grpo.loss.normalization",
+        line_of_text(&text, "TokenLvl"),
+    );
+    assert!(m.contains("TokenLvl") && m.contains("DrGrpo"), "{m}");
+    let text = edited(
+        "families: [needle, compare]",
+        "families: [needle, comparison]",
+    );
+    assert_names(
+        &error(&text),
+        "comparison",
+        line_of_text(&text, "comparison"),
+    );
+}
+
+#[test]
+fn bad_values_are_named_with_their_line() {
+    for (from, to, field, marker) in [
+        (
+            "optimizer: (lr: 1e-3, weight_decay: 0.0, betas: (0.9, 0.99)",
+            "optimizer: (lr: -1e-3, weight_decay: 0.0, betas: (0.9, 0.99)",
+            "grpo.optimizer.lr",
+            "lr: -1e-3",
+        ),
+        (
+            "saturate_tokens: 2048",
+            "saturate_tokens: 100",
+            "rewards.components[2].saturate_tokens",
+            "saturate_tokens: 100",
+        ),
+        ("rank: 4,", "rank: 0,", "model.tuning.rank", "rank: 0"),
+        (
+            "train: (split: train, count: 20)",
+            "train: (split: train, count: 5000)",
+            "data.train.count",
+            "count: 5000",
+        ),
+        (
+            "group_size: 2,",
+            "group_size: 1,",
+            "grpo.group_size",
+            "group_size: 1",
+        ),
+        (
+            "epsilon_low: 0.2",
+            "epsilon_low: 1.5",
+            "grpo.loss.epsilon_low",
+            "epsilon_low: 1.5",
+        ),
+        (
+            "schedule: (warmup_steps: 0, decay: Constant)",
+            "schedule: (warmup_steps: 9, decay: Constant)",
+            "grpo.schedule.warmup_steps",
+            "warmup_steps: 9",
+        ),
+        (
+            "remote: None",
+            "remote: Some(urls: [\"ftp://example\"], token_file: None)",
+            "remote.urls",
+            "ftp://",
+        ),
+        (
+            "step_timeout_s: 5.0",
+            "step_timeout_s: -1.0",
+            "env.step_timeout_s",
+            "-1.0",
+        ),
+        (
+            "heldout: (split: heldout",
+            "heldout: (split: train",
+            "data.heldout.split",
+            "heldout: (split: train",
+        ),
+    ] {
+        let text = edited(from, to);
+        assert_names(&error(&text), field, line_of_text(&text, marker));
+    }
+}
+
+#[test]
+fn full_fine_tuning_needs_dense_weights() {
+    let mut text = tiny();
+    let start = text.find("        tuning: Lora(").unwrap();
+    let end = start + text[start..].find("        ),\n").unwrap() + "        ),\n".len();
+    text.replace_range(start..end, "        tuning: Full,\n");
+    assert!(Plan::from_text(&text, "tiny.ron").is_ok());
+    let text = text.replacen(
+        "quantization: Dense,",
+        "quantization: Nf4(double_quant: false),",
+        1,
+    );
+    assert_names(
+        &error(&text),
+        "model.tuning",
+        line_of_text(&text, "tuning: Full"),
+    );
+}
+
+#[test]
+fn a_doubly_wrapped_some_gets_a_hint() {
+    let text = edited("    sft: Some(\n", "    sft: Some((\n").replacen(
+        "    ),\n    grpo:",
+        "    )),\n    grpo:",
+        1,
+    );
+    let m = error(&text);
+    assert!(m.contains("Some(steps: 10"), "{m}");
+    assert!(
+        m.starts_with(&format!("tiny.ron:{}:", line_of_text(&text, "sft: Some(("))),
+        "{m}"
+    );
+}
+
+#[test]
+fn syntax_errors_have_a_position() {
+    let text = edited(
+        "    device: (backend: Cpu, index: 0),\n",
+        "    device: (backend: Cpu index: 0),\n",
+    );
+    let m = error(&text);
+    let line = line_of_text(&text, "backend: Cpu index");
+    assert!(m.starts_with(&format!("tiny.ron:{line}:")), "{m}");
+}

@@ -1,0 +1,308 @@
+//! Variety for the scripted expert's SFT traces: a [`Style`] drawn per trace from a seeded
+//! generator, and [`VariedExpert`], a [`Policy`] that runs `fathom_env`'s expert through it.
+//!
+//! What varies, and how:
+//! - **Wording**: a short sentence before each code block (one of several per kind of turn),
+//!   and several ways of giving the final answer.
+//! - **Code surface**: the fence label (`repl` or `python`) and the names of the expert's
+//!   variables and helper (renamed consistently across the whole trace).
+//! - **Strategy**: for needle tasks, printing a window around each mention of the key
+//!   instead of the sentences that mention it.
+//! - **Waste** (a configurable fraction of traces, so GRPO has something to improve): a first
+//!   turn that prints a large slice of the document ([`Detour::Overread`]), or that sends a
+//!   slice to `llm()` ([`Detour::LlmOveruse`]) before the expert's own work. The expert never
+//!   sees that turn's output (it is removed from the conversation the expert reads), so its
+//!   answer is unaffected; the trace still records the wasted tokens and call.
+//!
+//! Every variant only changes text the expert writes, never what it reads, so the traces stay
+//! as correct as the expert (`tests/sft_traces.rs` runs them through the real environment).
+
+use fathom_env::expert::{Expert, PROMPT_MARKER};
+use fathom_env::policy::{Policy, PolicyError};
+use fathom_rewards::record::{Family, Message, Role};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Sentences before a first code turn.
+const OPENERS: &[&str] = &[
+    "",
+    "Let me search the document first.",
+    "I'll look for the relevant part of the document.",
+    "The document is too long to read whole, so I will search it.",
+    "First, find where the question's subject is mentioned.",
+];
+
+/// Sentences before a later code turn.
+const FOLLOW_UPS: &[&str] = &[
+    "",
+    "Next step.",
+    "Now I can use what that printed.",
+    "Continuing from the output above.",
+    "Let me follow that up.",
+];
+
+/// Ways of giving the answer; `{}` is the answer.
+const ANSWERS: &[&str] = &[
+    "<answer>{}</answer>",
+    "The output settles it.\n<answer>{}</answer>",
+    "Found it.\n\n<answer>{}</answer>",
+    "<answer>{}</answer>\n",
+];
+
+/// Names of the expert's helper and variables, renamed together.
+const NAMES: &[[(&str, &str); 2]] = &[
+    [("sentences_with", "sentences_with"), ("found", "found")],
+    [("sentences_with", "mentions_of"), ("found", "hits")],
+    [("sentences_with", "find_sentences"), ("found", "matches")],
+];
+
+/// A wasted first turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Detour {
+    /// Prints this many characters of the document from its start (reading more than needed).
+    Overread {
+        /// Characters printed.
+        chars: usize,
+    },
+    /// Sends this many characters from the document's start to `llm()` with the question
+    /// (a sub-call that a search would have made unnecessary).
+    LlmOveruse {
+        /// Characters sent.
+        chars: usize,
+    },
+}
+
+/// How one trace is written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Style {
+    /// Index into the opening sentences.
+    pub opener: usize,
+    /// Index into the follow-up sentences.
+    pub follow_up: usize,
+    /// Index into the answer forms.
+    pub answer: usize,
+    /// Index into the name sets.
+    pub names: usize,
+    /// Fence label: `python` instead of `repl`.
+    pub python_fence: bool,
+    /// Needle tasks: print windows around the key instead of sentences.
+    pub windows: bool,
+    /// A wasted first turn, if any.
+    pub detour: Option<Detour>,
+}
+
+impl Style {
+    /// The expert's own style: no prose, its names, `repl` fences, no detour.
+    pub fn plain() -> Style {
+        Style {
+            opener: 0,
+            follow_up: 0,
+            answer: 0,
+            names: 0,
+            python_fence: false,
+            windows: false,
+            detour: None,
+        }
+    }
+
+    /// Draws a style for a trace of `family`; with probability `wasteful_fraction` it has
+    /// a detour (over-reading or an unneeded `llm()` call, half each).
+    pub fn draw(rng: &mut impl Rng, family: Family, wasteful_fraction: f64) -> Style {
+        let detour = if rng.random_bool(wasteful_fraction.clamp(0.0, 1.0)) {
+            let chars = rng.random_range(2000..=6000);
+            Some(if rng.random_bool(0.5) {
+                Detour::Overread { chars }
+            } else {
+                Detour::LlmOveruse { chars }
+            })
+        } else {
+            None
+        };
+        Style {
+            opener: rng.random_range(0..OPENERS.len()),
+            follow_up: rng.random_range(0..FOLLOW_UPS.len()),
+            answer: rng.random_range(0..ANSWERS.len()),
+            names: rng.random_range(0..NAMES.len()),
+            python_fence: rng.random_bool(0.3),
+            windows: family == Family::Needle && rng.random_bool(0.5),
+            detour,
+        }
+    }
+}
+
+/// The expert, writing in a given style.
+#[derive(Clone, Debug)]
+pub struct VariedExpert {
+    /// The style of every turn of the trace.
+    pub style: Style,
+}
+
+/// The question of the first user message.
+fn question(messages: &[Message]) -> Option<&str> {
+    messages
+        .iter()
+        .find(|m| m.role == Role::User)?
+        .content
+        .strip_prefix("Question: ")?
+        .split("\n\n")
+        .next()
+}
+
+/// Python string literal of plain text.
+fn py(s: &str) -> String {
+    format!("{s:?}")
+}
+
+impl VariedExpert {
+    fn fence(&self, preface: &str, code: &str) -> String {
+        let label = if self.style.python_fence {
+            "python"
+        } else {
+            "repl"
+        };
+        let block = format!("```{label}\n{}\n```", code.trim());
+        if preface.is_empty() {
+            block
+        } else {
+            format!("{preface}\n{block}")
+        }
+    }
+
+    fn detour_turn(&self, detour: Detour, question: &str) -> String {
+        let code = match detour {
+            Detour::Overread { chars } => format!("print(context[:{chars}])"),
+            Detour::LlmOveruse { chars } => format!(
+                "reply = llm(\"Question: \" + {q} + \"\\nAnswer briefly, or 'unknown' if the text does not say.{marker}\" + context[:{chars}])\nprint(reply)",
+                q = py(question),
+                marker = PROMPT_MARKER.escape_default(),
+            ),
+        };
+        self.fence(OPENERS[self.style.opener], &code)
+    }
+
+    /// The needle strategy with windows: every mention of the key with its surroundings.
+    fn needle_windows(&self, key: &str) -> String {
+        let code = format!(
+            "import re\nkey = {k}\nfor m in re.finditer(r\"(?<![\\w-])\" + re.escape(key) + r\"(?![\\w-])\", context):\n    print(\"...\", context[max(0, m.start() - 120):m.end() + 120].replace(\"\\n\", \" \"), \"...\")",
+            k = py(key)
+        );
+        self.fence(OPENERS[self.style.opener], &code)
+    }
+
+    /// Rewrites one of the expert's messages in this style.
+    fn restyle(&self, reply: &str, first_code_turn: bool) -> String {
+        if let Some(body) = reply
+            .strip_prefix("```repl\n")
+            .and_then(|r| r.strip_suffix("\n```"))
+        {
+            let mut code = body.to_string();
+            for (from, to) in NAMES[self.style.names % NAMES.len()] {
+                code = rename(&code, from, to);
+            }
+            let preface = if first_code_turn {
+                OPENERS[self.style.opener]
+            } else {
+                FOLLOW_UPS[self.style.follow_up]
+            };
+            return self.fence(preface, &code);
+        }
+        if let Some(answer) = reply
+            .strip_prefix("<answer>")
+            .and_then(|r| r.strip_suffix("</answer>"))
+        {
+            return ANSWERS[self.style.answer % ANSWERS.len()].replace("{}", answer);
+        }
+        reply.to_string()
+    }
+}
+
+/// Replaces the identifier `from` with `to` where it stands as a whole word.
+fn rename(code: &str, from: &str, to: &str) -> String {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(code.len());
+    let mut last = 0;
+    for (i, _) in code.match_indices(from) {
+        let before = code[..i].chars().last();
+        let after = code[i + from.len()..].chars().next();
+        if !before.is_some_and(is_word) && !after.is_some_and(is_word) {
+            out.push_str(&code[last..i]);
+            out.push_str(to);
+            last = i + from.len();
+        }
+    }
+    out.push_str(&code[last..]);
+    out
+}
+
+impl Policy for VariedExpert {
+    fn respond(&self, messages: &[Message]) -> Result<String, PolicyError> {
+        let question = question(messages)
+            .ok_or_else(|| PolicyError("the first user message has no question".into()))?
+            .to_string();
+        let assistant_turns = messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        // The expert's view: the detour's turn and its observation removed.
+        let view: Vec<Message> = match self.style.detour {
+            Some(detour) if assistant_turns == 0 => return Ok(self.detour_turn(detour, &question)),
+            Some(_) => {
+                let first = messages
+                    .iter()
+                    .position(|m| m.role == Role::Assistant)
+                    .unwrap_or(messages.len());
+                messages
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != first && *i != first + 1)
+                    .map(|(_, m)| m.clone())
+                    .collect()
+            }
+            None => messages.to_vec(),
+        };
+        let expert_turns = view.iter().filter(|m| m.role == Role::Assistant).count();
+        if expert_turns == 0
+            && self.style.windows
+            && let Some(key) = question
+                .strip_prefix("What is the access code for vault ")
+                .and_then(|r| r.strip_suffix('?'))
+        {
+            return Ok(self.needle_windows(key));
+        }
+        let reply = Expert.respond(&view)?;
+        Ok(self.restyle(&reply, expert_turns == 0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renames_whole_words_only() {
+        let code = "found = sentences_with(key)\nfor s in found:\n    unfound = found_x";
+        assert_eq!(
+            rename(code, "found", "hits"),
+            "hits = sentences_with(key)\nfor s in hits:\n    unfound = found_x"
+        );
+    }
+
+    #[test]
+    fn styles_vary_with_the_seed_and_respect_the_waste_fraction() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
+        let styles: Vec<Style> = (0..400)
+            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25))
+            .collect();
+        let wasteful = styles.iter().filter(|s| s.detour.is_some()).count();
+        assert!((70..=130).contains(&wasteful), "{wasteful} of 400");
+        let distinct: std::collections::BTreeSet<_> = styles
+            .iter()
+            .map(|s| (s.opener, s.answer, s.names))
+            .collect();
+        assert!(distinct.len() > 30, "{}", distinct.len());
+        assert!(styles.iter().any(|s| s.windows) && styles.iter().any(|s| !s.windows));
+        let none = (0..100).all(|_| Style::draw(&mut rng, Family::Compare, 0.0).detour.is_none());
+        assert!(none);
+    }
+}

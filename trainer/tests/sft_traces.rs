@@ -1,0 +1,154 @@
+//! Expert SFT traces through the real environment and sandbox: they vary in wording and
+//! strategy, a set fraction wastes a turn the way base models do, they stay correct, and they
+//! render into training examples.
+//!
+//! This test binary serves as its own sandbox worker (`harness = false`: `main` first hands
+//! over to the worker when started as one), so it needs no other binary.
+
+use std::collections::BTreeSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fathom_env::env::{ReplEnv, Services};
+use fathom_env::expert::PassageReader;
+use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
+use fathom_env::tasks::{self, TaskConfig};
+use fathom_model::Tokenizer;
+use fathom_rewards::Composite;
+use fathom_rewards::record::{Family, Role, Split};
+use fathom_trainer::sft::expert::Detour;
+use fathom_trainer::sft::{TraceSettings, chat_messages, generate_traces, render};
+
+fn env() -> ReplEnv {
+    let mut config = SandboxConfig::new(WorkerCommand::CurrentExe);
+    config.idle_workers = 1;
+    config.step_timeout = Duration::from_secs(10);
+    config.limits.memory_bytes = 512 << 20;
+    config.limits.cpu_seconds = 60;
+    let pool = SandboxPool::new(config).expect("sandbox pool");
+    ReplEnv::new(Services::new(pool, Arc::new(PassageReader)))
+}
+
+fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
+    let config = TaskConfig {
+        context_window: 512,
+        min_doc_tokens: 300,
+        max_window_factor: 4.0,
+    };
+    let tasks: Vec<_> = (0..15)
+        .map(|i| tasks::split_task(Split::Train, i, &config).unwrap())
+        .collect();
+    let settings = TraceSettings {
+        count: 45,
+        wasteful_fraction: 0.3,
+    };
+    let rewards = Composite::default();
+    let mut env = env();
+    let traces = generate_traces(&mut env, &tasks, &rewards, &settings, 7).unwrap();
+    assert_eq!(traces.len(), 45);
+
+    let correct = traces.iter().filter(|t| t.correct).count();
+    let failures: Vec<_> = traces
+        .iter()
+        .filter(|t| !t.correct)
+        .map(|t| (&t.task_id, &t.style, t.messages.last().map(|m| &m.content)))
+        .collect();
+    assert!(
+        correct >= 44,
+        "{correct}/45 correct; failures: {failures:#?}"
+    );
+    eprintln!("{correct}/45 traces correct");
+
+    // Wording and strategy vary: many distinct first turns, both fences, both needle
+    // strategies.
+    let firsts: BTreeSet<&str> = traces
+        .iter()
+        .filter_map(|t| t.messages.iter().find(|m| m.role == Role::Assistant))
+        .map(|m| m.content.as_str())
+        .collect();
+    assert!(firsts.len() >= 25, "{} distinct first turns", firsts.len());
+    eprintln!(
+        "{} distinct first assistant turns in 45 traces",
+        firsts.len()
+    );
+    let text = |t: &fathom_trainer::sft::Trace| {
+        t.messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .map(|m| m.content.clone())
+            .collect::<String>()
+    };
+    assert!(traces.iter().any(|t| text(t).contains("```python")));
+    assert!(traces.iter().any(|t| text(t).contains("```repl")));
+    let needles: Vec<_> = traces
+        .iter()
+        .filter(|t| t.family == Family::Needle)
+        .collect();
+    assert!(needles.iter().any(|t| t.style.windows) && needles.iter().any(|t| !t.style.windows));
+
+    // Waste: about the set fraction, and it shows in the record.
+    let wasteful: Vec<_> = traces.iter().filter(|t| t.style.detour.is_some()).collect();
+    assert!(
+        (6..=24).contains(&wasteful.len()),
+        "{} wasteful of 45",
+        wasteful.len()
+    );
+    eprintln!("{} of 45 traces waste their first turn", wasteful.len());
+    for t in &wasteful {
+        let first_obs = &t.messages[3].content;
+        match t.style.detour.unwrap() {
+            Detour::Overread { .. } => assert!(
+                first_obs.len() > 1500,
+                "{}: the over-read printed only {} characters",
+                t.task_id,
+                first_obs.len()
+            ),
+            Detour::LlmOveruse { .. } => assert!(t.llm_calls >= 1, "{}", t.task_id),
+        }
+    }
+    for t in traces.iter().filter(|t| t.style.detour.is_none()) {
+        if t.family != Family::Passage {
+            assert_eq!(t.llm_calls, 0, "{}: only passages need llm()", t.task_id);
+        }
+    }
+    // Genuinely multi-turn: code, output, more code or an answer.
+    assert!(traces.iter().all(|t| t.messages.len() >= 5));
+
+    // They render into examples whose targets are the assistant turns.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/qwen2.5-tokenizer");
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    for t in traces.iter().take(10) {
+        let ex = render(&tokenizer, &chat_messages(&t.messages)).unwrap();
+        let turns = t
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        let runs = ex.targets.windows(2).filter(|w| w[1] && !w[0]).count();
+        assert_eq!(runs, turns, "{}", t.task_id);
+    }
+}
+
+fn main() {
+    fathom_env::sandbox::run_worker_if_requested();
+    let tests: [(&str, fn()); 1] = [(
+        "expert_traces_vary_waste_on_purpose_and_stay_correct",
+        expert_traces_vary_waste_on_purpose_and_stay_correct,
+    )];
+    let plural = if tests.len() == 1 { "" } else { "s" };
+    println!("\nrunning {} test{plural}", tests.len());
+    let mut failed = 0;
+    for (name, test) in tests {
+        let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        failed += usize::from(!ok);
+    }
+    let passed = tests.len() - failed;
+    let verdict = if failed == 0 { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n"
+    );
+    std::process::exit(i32::from(failed > 0));
+}
