@@ -17,7 +17,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use fathom_env::env::{EnvError, Environment, ResetRequest};
 use fathom_env::policy::run_episode;
-use fathom_model::nf4::Nf4Backend;
+use fathom_model::ModelBackend;
 use fathom_model::{ChatMessage, ChatRole, ModelError, Qwen2ForCausalLM, Tokenizer};
 use fathom_rewards::record::{Family, Message, Role, Task};
 use fathom_rewards::{Composite, ScoreError};
@@ -297,7 +297,7 @@ pub fn sft_loss_from_logprobs<B: Backend>(
 }
 
 /// The SFT loss of `model` on a batch (teacher-forced log-probabilities at temperature 1).
-pub fn sft_loss<B: Nf4Backend>(
+pub fn sft_loss<B: ModelBackend>(
     model: &Qwen2ForCausalLM<B>,
     batch: &SftBatch,
     device: &B::Device,
