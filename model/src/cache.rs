@@ -84,6 +84,18 @@ impl<B: Backend> KvCache<B> {
         Ok(self.rows.len() - 1)
     }
 
+    /// Empties row `row` (its storage is freed; the row stays, with length 0, so other rows
+    /// keep their indices and the row can be reused).
+    pub fn release_row(&mut self, row: usize) -> Result<()> {
+        self.row(row)?;
+        let layers = self.num_layers;
+        self.rows[row] = Row {
+            len: 0,
+            layers: vec![None; layers],
+        };
+        Ok(())
+    }
+
     /// Keeps only the given rows, in the given order (finished sequences leave; the remaining
     /// rows are renumbered `0..keep.len()`). A row may appear more than once (a fork).
     pub fn retain_rows(&mut self, keep: &[usize]) -> Result<()> {
@@ -230,6 +242,9 @@ mod tests {
         assert_eq!(cache.num_rows(), 1);
         let (k, _) = cache.append(0, 0, kv(&[3.0], 1), kv(&[3.0], 1));
         assert_eq!(k.into_data().to_vec::<f32>().unwrap(), vec![1.0, 9.0, 3.0]);
+        cache.release_row(0).unwrap();
+        assert_eq!(cache.row_len(0).unwrap(), 0);
+        assert_eq!(cache.memory_bytes(), 0);
         cache.retain_rows(&[]).unwrap();
         assert_eq!(cache.num_rows(), 0);
         assert_eq!(cache.memory_bytes(), 0);

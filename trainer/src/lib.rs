@@ -6,6 +6,8 @@
 //!   and the cross-entropy on assistant tokens.
 //! - [`grpo`]: group-normalised advantages, the learner's batch, the clipped policy loss.
 //! - [`rapo`]: pruning, dropping and rescaling flat groups, the replay buffer.
+//! - [`rollout`]: the batched multi-turn rollout engine (environments in threads, one
+//!   generation loop, `llm()` calls through a queue).
 //! - [`optim`]: AdamW over the trainable parameters, global-norm clipping, learning-rate
 //!   schedules.
 //! - [`checkpoint`]: atomic checkpoints (adapter, optimiser, RNG, data cursor, RAPO state).
@@ -17,4 +19,5 @@ pub mod metrics;
 pub mod optim;
 pub mod rapo;
 pub mod recipe;
+pub mod rollout;
 pub mod sft;
