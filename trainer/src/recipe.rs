@@ -187,12 +187,25 @@ pub struct SftSection {
     pub batch_size: usize,
     /// Longest conversation in tokens; longer traces are dropped.
     pub max_length: usize,
+    /// How the learner computes log-probabilities.
+    pub learner: LearnerSection,
     /// AdamW.
     pub optimizer: AdamWSettings,
     /// Learning-rate schedule.
     pub schedule: Schedule,
     /// The expert traces.
     pub traces: TraceSettings,
+}
+
+/// How the learner computes log-probabilities and gradients.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LearnerSection {
+    /// Recompute each decoder layer in the backward pass instead of keeping its activations
+    /// (needs LoRA dropout 0).
+    pub activation_checkpointing: bool,
+    /// Positions of vocabulary logits computed at a time (≥ 1).
+    pub logprob_chunk: usize,
 }
 
 /// Token sampling during rollouts.
@@ -227,6 +240,8 @@ pub struct GrpoSection {
     pub loss: LossSettings,
     /// Optimiser steps per batch of rollouts (≥ 1).
     pub optimizer_steps_per_batch: usize,
+    /// How the learner computes log-probabilities.
+    pub learner: LearnerSection,
     /// AdamW.
     pub optimizer: AdamWSettings,
     /// Learning-rate schedule over the optimiser steps.

@@ -41,6 +41,28 @@ fn within(section: &str) -> impl Fn((&'static str, String)) -> Failure + '_ {
     move |(field, message)| (format!("{section}.{field}"), message)
 }
 
+/// A learner section: a positive chunk, and no LoRA dropout under checkpointing.
+fn learner(
+    section: &str,
+    l: &crate::recipe::LearnerSection,
+    model: &crate::recipe::ModelSection,
+) -> Result<(), Failure> {
+    positive(&format!("{section}.logprob_chunk"), l.logprob_chunk)?;
+    if let crate::recipe::Tuning::Lora(lora) = &model.tuning
+        && l.activation_checkpointing
+        && lora.dropout > 0.0
+    {
+        return fail(
+            format!("{section}.activation_checkpointing"),
+            format!(
+                "needs model.tuning.dropout 0 (a recomputed layer would draw another dropout                  mask), got {}",
+                lora.dropout
+            ),
+        );
+    }
+    Ok(())
+}
+
 fn positive(field: &str, value: usize) -> Result<(), Failure> {
     if value == 0 {
         return fail(field, "must be at least 1, got 0");
@@ -149,6 +171,7 @@ fn check(r: &Recipe) -> Result<(), Failure> {
         positive("sft.steps", sft.steps)?;
         positive("sft.batch_size", sft.batch_size)?;
         positive("sft.max_length", sft.max_length)?;
+        learner("sft.learner", &sft.learner, &r.model)?;
         sft.optimizer.validate().map_err(within("sft.optimizer"))?;
         sft.schedule
             .validate(sft.steps)
@@ -287,6 +310,7 @@ fn check_grpo(r: &Recipe) -> Result<(), Failure> {
         "grpo.optimizer_steps_per_batch",
         g.optimizer_steps_per_batch,
     )?;
+    learner("grpo.learner", &g.learner, &r.model)?;
     g.optimizer.validate().map_err(within("grpo.optimizer"))?;
     g.schedule
         .validate(g.steps * g.optimizer_steps_per_batch)
