@@ -23,7 +23,7 @@ pub mod save;
 pub mod tokenizer;
 
 pub use cache::KvCache;
-pub use config::Qwen2Config;
+pub use config::{ModelType, Qwen2Config};
 pub use error::{ModelError, Result};
 pub use generate::{GenerateConfig, Generated, Sampling, generate, sequence_logprobs};
 pub use inputs::{RopeFrequencies, StepInput};
