@@ -6,12 +6,14 @@
 //! with the `wgpu` and `cuda` features. Every backend implements [`nf4::Nf4Backend`], the one
 //! extension the model needs beyond burn's own operations.
 
+pub mod base;
 pub mod bench;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod inputs;
 pub mod linear;
 pub mod load;
