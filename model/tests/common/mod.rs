@@ -39,7 +39,13 @@ fn rows<T: Copy>(shape: &[usize], values: &[i64], f: impl Fn(i64) -> T) -> Vec<V
 
 impl Reference {
     pub fn read(dir: &Path) -> Self {
-        let ck = Checkpoint::open_files(dir, &[dir.join("reference.safetensors")]).unwrap();
+        Self::read_file(&dir.join("reference.safetensors"))
+    }
+
+    /// Reads a reference file of the same layout at any path.
+    pub fn read_file(path: &Path) -> Self {
+        let dir = path.parent().unwrap();
+        let ck = Checkpoint::open_files(dir, &[path.to_path_buf()]).unwrap();
         let (s, ids) = i64s(&ck, "input_ids");
         let (_, mask) = i64s(&ck, "attention_mask");
         let (gs, greedy) = i64s(&ck, "greedy_ids");
