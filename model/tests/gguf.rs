@@ -6,11 +6,10 @@ mod common;
 
 use std::path::Path;
 
-use common::{Reference, fixture, max_masked_diff};
+use common::{Reference, check_tokenizer, fixture, max_masked_diff};
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::gguf::{GgufError, GgufFile, Value, convert_gguf};
-use fathom_model::{ChatMessage, Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, Tokenizer, generate};
-use serde::Deserialize;
+use fathom_model::{Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, generate};
 use serde_json::{Value as Json, json};
 
 fn gguf_fixture(name: &str) -> std::path::PathBuf {
@@ -92,46 +91,6 @@ fn every_tensor_type_dequantizes_as_the_gguf_package_does() {
     assert_eq!(seen.len(), fathom_model::gguf::GgmlType::ALL.len());
 }
 
-#[derive(Deserialize)]
-struct TextCase {
-    text: String,
-    ids: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct ChatCase {
-    messages: Vec<ChatMessage>,
-    add_generation_prompt: bool,
-    text: String,
-    ids: Vec<u32>,
-}
-
-#[derive(Deserialize)]
-struct TokenizerCases {
-    texts: Vec<TextCase>,
-    chats: Vec<ChatCase>,
-}
-
-/// The rebuilt tokenizer gives `transformers`' ids and chat-template text.
-pub fn check_tokenizer(dir: &Path, cases_file: &Path) {
-    let tok = Tokenizer::from_dir(dir).expect("rebuilt tokenizer loads");
-    let cases: TokenizerCases =
-        serde_json::from_str(&std::fs::read_to_string(cases_file).unwrap()).unwrap();
-    assert!(!cases.texts.is_empty() && !cases.chats.is_empty());
-    for c in &cases.texts {
-        assert_eq!(tok.encode(&c.text, true).unwrap(), c.ids, "ids of {:?}", c.text);
-        assert_eq!(tok.decode(&c.ids, false).unwrap(), c.text, "decode of {:?}", c.text);
-    }
-    for (i, c) in cases.chats.iter().enumerate() {
-        let text = tok
-            .apply_chat_template(&c.messages, c.add_generation_prompt)
-            .unwrap();
-        assert_eq!(text, c.text, "chat {i}: rendered text");
-        assert_eq!(tok.encode(&text, false).unwrap(), c.ids, "chat {i}: ids");
-    }
-    assert_eq!(tok.eos_id(), tok.token_id("<|im_end|>"));
-}
-
 #[test]
 fn tiny_llama_gguf_converts_to_what_transformers_loads_from_it() {
     let out = tempfile::tempdir().unwrap();
@@ -147,14 +106,24 @@ fn tiny_llama_gguf_converts_to_what_transformers_loads_from_it() {
     let input = model
         .step_input(&r.input_ids, &r.attention_mask, 0, &device)
         .unwrap();
-    let logits = model.forward(&input, None).into_data().to_vec::<f32>().unwrap();
+    let logits = model
+        .forward(&input, None)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap();
     let diff = max_masked_diff(&logits, &r);
     assert!(diff < 1e-4, "max |logit diff| {diff}");
     let prompts: Vec<Vec<u32>> = r
         .input_ids
         .iter()
         .zip(&r.attention_mask)
-        .map(|(ids, m)| ids.iter().zip(m).filter(|p| *p.1 == 1).map(|p| *p.0).collect())
+        .map(|(ids, m)| {
+            ids.iter()
+                .zip(m)
+                .filter(|p| *p.1 == 1)
+                .map(|p| *p.0)
+                .collect()
+        })
         .collect();
     let config = GenerateConfig::greedy(r.greedy[0].len());
     let generated = generate(&model, &prompts, &config, None, &device).unwrap();
@@ -222,7 +191,10 @@ fn failed_conversions_leave_nothing_behind() {
     let err = convert_gguf(&bad, &out).unwrap_err();
     assert!(matches!(err, GgufError::UnsupportedType { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("IQ4_NL") && msg.contains("blk.0.attn_v.weight"), "{msg}");
+    assert!(
+        msg.contains("IQ4_NL") && msg.contains("blk.0.attn_v.weight"),
+        "{msg}"
+    );
     assert_clean(&out);
     // An architecture that is not Llama.
     let other = tmp.path().join("other-arch.gguf");
@@ -235,7 +207,9 @@ fn failed_conversions_leave_nothing_behind() {
     assert_clean(&out);
     // A truncated file.
     let short = tmp.path().join("short.gguf");
-    copy_with(&gguf_fixture("tiny-llama.gguf"), &short, |b| b.truncate(b.len() - 100));
+    copy_with(&gguf_fixture("tiny-llama.gguf"), &short, |b| {
+        b.truncate(b.len() - 100)
+    });
     let err = convert_gguf(&short, &out).unwrap_err().to_string();
     assert!(err.contains("past the end"), "{err}");
     assert_clean(&out);

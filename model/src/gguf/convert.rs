@@ -50,7 +50,8 @@ pub fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
             for j in 0..half {
                 let hf = h * 2 * half + i * half + j;
                 let gg = h * 2 * half + 2 * j + i;
-                out[hf * cols..(hf + 1) * cols].copy_from_slice(&values[gg * cols..(gg + 1) * cols]);
+                out[hf * cols..(hf + 1) * cols]
+                    .copy_from_slice(&values[gg * cols..(gg + 1) * cols]);
             }
         }
     }
@@ -143,7 +144,9 @@ impl Shape {
             });
         }
         Ok(Self {
-            vocab: file.opt_u64(&key("vocab_size"))?.map_or(vocab, |v| v as usize),
+            vocab: file
+                .opt_u64(&key("vocab_size"))?
+                .map_or(vocab, |v| v as usize),
             hidden,
             inter: u("feed_forward_length")?,
             layers: u("block_count")?,
@@ -171,7 +174,11 @@ impl Shape {
             "down_proj" => (h, self.inter),
             _ => return None,
         };
-        Some(if bias { vec![rows.0] } else { vec![rows.0, rows.1] })
+        Some(if bias {
+            vec![rows.0]
+        } else {
+            vec![rows.0, rows.1]
+        })
     }
 }
 
@@ -292,7 +299,8 @@ fn write_hf(file: &GgufFile, dir: &Path) -> Result<ConvertReport, GgufError> {
         }
         mapped.push((t, hf));
     }
-    let names: HashMap<&str, &TensorInfo> = mapped.iter().map(|(t, hf)| (hf.as_str(), *t)).collect();
+    let names: HashMap<&str, &TensorInfo> =
+        mapped.iter().map(|(t, hf)| (hf.as_str(), *t)).collect();
     let mut required = vec![
         "model.embed_tokens.weight".to_string(),
         "model.norm.weight".to_string(),
@@ -367,7 +375,10 @@ fn write_hf(file: &GgufFile, dir: &Path) -> Result<ConvertReport, GgufError> {
             ));
         }
         let ty = super::dequant::GgmlType::from_id(t.type_id).expect("dequantized above");
-        *report.tensor_types.entry(ty.name().to_string()).or_default() += 1;
+        *report
+            .tensor_types
+            .entry(ty.name().to_string())
+            .or_default() += 1;
         report.parameters += values.len() as u64;
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         out.push((hf.clone(), shape_t, bytes));
@@ -399,7 +410,9 @@ fn write_hf(file: &GgufFile, dir: &Path) -> Result<ConvertReport, GgufError> {
         .transpose()?
         .unwrap_or(10000.0);
     let eps = file.f64(&format!("{arch}.attention.layer_norm_rms_epsilon"))?;
-    let max_pos = file.opt_u64(&format!("{arch}.context_length"))?.unwrap_or(2048);
+    let max_pos = file
+        .opt_u64(&format!("{arch}.context_length"))?
+        .unwrap_or(2048);
     let config = json!({
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -494,7 +507,10 @@ mod tests {
             hf_name("blk.0.ffn_norm.weight").as_deref(),
             Some("model.layers.0.post_attention_layernorm.weight")
         );
-        assert_eq!(hf_name("token_embd.weight").as_deref(), Some("model.embed_tokens.weight"));
+        assert_eq!(
+            hf_name("token_embd.weight").as_deref(),
+            Some("model.embed_tokens.weight")
+        );
         assert_eq!(hf_name("rope_freqs.weight"), None);
         assert_eq!(hf_name("blk.0.attn_norm.bias"), None);
     }

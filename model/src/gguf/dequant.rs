@@ -44,10 +44,45 @@ pub enum GgmlType {
 /// ggml's name for a type id, for error messages (`unknown` for ids ggml does not define).
 pub fn type_name(id: u32) -> &'static str {
     const NAMES: [&str; 40] = [
-        "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL",
-        "IQ3_S", "IQ2_S", "IQ4_XS", "I8", "I16", "I32", "I64", "F64", "IQ1_M", "BF16", "Q4_0_4_4",
-        "Q4_0_4_8", "Q4_0_8_8", "TQ1_0", "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8",
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
         "MXFP4",
     ];
     NAMES.get(id as usize).copied().unwrap_or("unknown")
@@ -121,7 +156,9 @@ impl GgmlType {
     pub fn block_len(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 32,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+                32
+            }
             _ => QK_K,
         }
     }
@@ -155,11 +192,15 @@ impl GgmlType {
             self.name()
         );
         let mut out = vec![0f32; bytes.len() / bb * self.block_len()];
-        let blocks = bytes.chunks_exact(bb).zip(out.chunks_exact_mut(self.block_len()));
+        let blocks = bytes
+            .chunks_exact(bb)
+            .zip(out.chunks_exact_mut(self.block_len()));
         match self {
             GgmlType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes(arr(b, 0))),
             GgmlType::F16 => blocks.for_each(|(b, y)| y[0] = half16(b, 0)),
-            GgmlType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16::from_le_bytes(arr(b, 0)).to_f32()),
+            GgmlType::BF16 => {
+                blocks.for_each(|(b, y)| y[0] = bf16::from_le_bytes(arr(b, 0)).to_f32())
+            }
             GgmlType::Q4_0 => blocks.for_each(|(b, y)| q4_0(b, y)),
             GgmlType::Q4_1 => blocks.for_each(|(b, y)| q4_1(b, y)),
             GgmlType::Q5_0 => blocks.for_each(|(b, y)| q5_0(b, y)),
@@ -205,7 +246,10 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
 
 /// The fifth bits of Q5 weights j and j + 16, from the 32-bit mask `qh`.
 fn high_bits(qh: u32, j: usize) -> (u8, u8) {
-    ((((qh >> j) << 4) & 0x10) as u8, ((qh >> (j + 12)) & 0x10) as u8)
+    (
+        (((qh >> j) << 4) & 0x10) as u8,
+        ((qh >> (j + 12)) & 0x10) as u8,
+    )
 }
 
 /// `{f16 d; u8 qh[4]; u8 qs[16]}`: 5-bit weights offset by 16.
@@ -277,7 +321,11 @@ fn q3_k(b: &[u8], y: &mut [f32]) {
         ((a[0] >> 4) & KMASK2) | (((a[2] >> 4) & KMASK1) << 4),
         ((a[1] >> 4) & KMASK2) | (((a[2] >> 6) & KMASK1) << 4),
     ];
-    let scales: Vec<i8> = aux.iter().flat_map(|w| w.to_le_bytes()).map(|v| v as i8).collect();
+    let scales: Vec<i8> = aux
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .map(|v| v as i8)
+        .collect();
     let mut is = 0;
     let mut out = 0;
     let mut m = 1u8;
@@ -386,7 +434,11 @@ mod tests {
             assert_eq!(GgmlType::from_id(t.id()), Some(t));
         }
         // ggml's type_traits: bytes per block.
-        let sizes = [(GgmlType::Q4_K, 144), (GgmlType::Q5_K, 176), (GgmlType::Q6_K, 210)];
+        let sizes = [
+            (GgmlType::Q4_K, 144),
+            (GgmlType::Q5_K, 176),
+            (GgmlType::Q6_K, 210),
+        ];
         for (t, n) in sizes {
             assert_eq!(t.block_bytes(), n, "{}", t.name());
         }

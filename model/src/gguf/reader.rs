@@ -321,7 +321,9 @@ impl GgufFile {
             let name = c.string("a tensor name")?;
             let n_dims = c.u32(&name)? as usize;
             if n_dims > 4 {
-                return Err(c.err(format!("tensor `{name}` has {n_dims} dimensions (at most 4)")));
+                return Err(c.err(format!(
+                    "tensor `{name}` has {n_dims} dimensions (at most 4)"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
@@ -345,7 +347,6 @@ impl GgufFile {
             });
         }
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
-        drop(c);
         let file = Self {
             path: path.to_path_buf(),
             map,
@@ -497,7 +498,9 @@ impl GgufFile {
         let start = self.data_offset.checked_add(t.offset);
         let end = start.and_then(|s| s.checked_add(size));
         match (start, end) {
-            (Some(s), Some(e)) if e <= self.map.len() as u64 => Ok(&self.map[s as usize..e as usize]),
+            (Some(s), Some(e)) if e <= self.map.len() as u64 => {
+                Ok(&self.map[s as usize..e as usize])
+            }
             _ => Err(err(format!(
                 "data ({size} bytes at offset {}) runs past the end of the file ({} bytes)",
                 t.offset,
@@ -569,7 +572,12 @@ mod tests {
     fn truncation_and_huge_counts_are_errors_not_panics() {
         let full = {
             let mut b = header(0, 1);
-            kv(&mut b, "general.name", 8, &[5, 0, 0, 0, 0, 0, 0, 0, b'h', b'e', b'l', b'l', b'o']);
+            kv(
+                &mut b,
+                "general.name",
+                8,
+                &[5, 0, 0, 0, 0, 0, 0, 0, b'h', b'e', b'l', b'l', b'o'],
+            );
             b
         };
         assert_eq!(parse(&full).unwrap().str("general.name").unwrap(), "hello");
@@ -596,7 +604,10 @@ mod tests {
         b.extend(0u32.to_le_bytes()); // f32
         b.extend(0u64.to_le_bytes());
         let err = parse(&b).unwrap_err().to_string();
-        assert!(err.contains("`w.x`") && err.contains("past the end"), "{err}");
+        assert!(
+            err.contains("`w.x`") && err.contains("past the end"),
+            "{err}"
+        );
         let n = b.len();
         b[n - 8..].copy_from_slice(&4u64.to_le_bytes());
         let err = parse(&b).unwrap_err().to_string();

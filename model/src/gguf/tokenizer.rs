@@ -203,12 +203,18 @@ pub fn rebuild(file: &GgufFile) -> Result<TokenizerFiles, GgufError> {
     let eos_id = id_of("tokenizer.ggml.eos_token_id")?;
     let pad_id = id_of("tokenizer.ggml.padding_token_id")?;
     let unk_id = id_of("tokenizer.ggml.unknown_token_id")?;
-    let add_bos = file.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
-    let add_eos = file.opt_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+    let add_bos = file
+        .opt_bool("tokenizer.ggml.add_bos_token")?
+        .unwrap_or(false);
+    let add_eos = file
+        .opt_bool("tokenizer.ggml.add_eos_token")?
+        .unwrap_or(false);
     let text = |id: Option<u32>| id.map(|i| tokens[i as usize].to_string());
     let piece = |id: Option<u32>, on: bool| -> Vec<Json> {
         match (id, on) {
-            (Some(i), true) => vec![json!({"SpecialToken": {"id": tokens[i as usize], "type_id": 0}})],
+            (Some(i), true) => {
+                vec![json!({"SpecialToken": {"id": tokens[i as usize], "type_id": 0}})]
+            }
             _ => vec![],
         }
     };
@@ -220,8 +226,12 @@ pub fn rebuild(file: &GgufFile) -> Result<TokenizerFiles, GgufError> {
             special_tokens.insert(t.into(), json!({"id": t, "ids": [i], "tokens": [t]}));
         }
     }
-    let single: Vec<Json> = [piece(bos_id, add_bos), vec![seq("A", 0)], piece(eos_id, add_eos)]
-        .concat();
+    let single: Vec<Json> = [
+        piece(bos_id, add_bos),
+        vec![seq("A", 0)],
+        piece(eos_id, add_eos),
+    ]
+    .concat();
     let pair: Vec<Json> = [
         single.clone(),
         piece(bos_id, add_bos),
