@@ -1,4 +1,10 @@
-//! `config.json` of a Hugging Face Qwen2 checkpoint, as a serde mirror with upstream field names.
+//! `config.json` of a Hugging Face Qwen2 or Llama checkpoint, as a serde mirror with upstream
+//! field names.
+//!
+//! Qwen2 is Llama with biases on the query, key and value projections, so both families load
+//! into the same module: the config says which projections carry a bias (Qwen2: q/k/v always;
+//! Llama: q/k/v/o when `attention_bias`, the MLP when `mlp_bias`) and how wide a head is
+//! (`head_dim` when given, else `hidden_size / num_attention_heads`).
 //!
 //! Unknown fields are ignored (Hugging Face adds new ones every release); missing required
 //! fields are reported by name. Both spellings of the RoPE base are accepted: the top-level
@@ -10,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 
-/// The Qwen2 architecture hyper-parameters, named as in `transformers`' `Qwen2Config`.
+/// The Qwen2 / Llama architecture hyper-parameters, named as in `transformers`' `Qwen2Config`
+/// and `LlamaConfig`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Qwen2Config {
     /// Size of the vocabulary (rows of `embed_tokens` and `lm_head`).
@@ -26,6 +33,15 @@ pub struct Qwen2Config {
     /// Number of key/value heads (grouped-query attention); defaults to the query heads.
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
+    /// Width of one attention head (Llama); defaults to `hidden_size / num_attention_heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
+    /// Whether q/k/v/o carry a bias (Llama; Qwen2 has q/k/v biases whatever this says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_bias: Option<bool>,
+    /// Whether the MLP's projections carry a bias (Llama).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
     /// Longest sequence the model was trained for.
     #[serde(default = "default_max_positions")]
     pub max_position_embeddings: usize,
@@ -56,12 +72,40 @@ pub struct Qwen2Config {
     /// End-of-sequence token id(s).
     #[serde(default)]
     pub eos_token_id: Option<TokenIds>,
-    /// The `model_type` string; `qwen2` for every Qwen2 and Qwen2.5 checkpoint.
+    /// The architecture family; absent means Qwen2 (the only family this crate read before).
     #[serde(default)]
-    pub model_type: Option<String>,
+    pub model_type: Option<ModelType>,
     /// bitsandbytes quantization settings of a 4-bit checkpoint.
     #[serde(default)]
     pub quantization_config: Option<QuantizationConfig>,
+}
+
+/// The `model_type` values this crate loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelType {
+    /// Qwen2 and Qwen2.5: biases on q/k/v, none elsewhere.
+    Qwen2,
+    /// Llama (SmolLM2, TinyLlama, …): biases as `attention_bias` and `mlp_bias` say.
+    Llama,
+}
+
+impl ModelType {
+    /// The `model_type` string of `config.json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelType::Qwen2 => "qwen2",
+            ModelType::Llama => "llama",
+        }
+    }
+
+    /// The `architectures` entry `transformers` writes for the causal LM of this family.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            ModelType::Qwen2 => "Qwen2ForCausalLM",
+            ModelType::Llama => "LlamaForCausalLM",
+        }
+    }
 }
 
 /// One token id or a list of them, as `eos_token_id` may be either.
@@ -151,11 +195,6 @@ impl Qwen2Config {
 
     /// Checks the hyper-parameters are consistent and supported; returns what is wrong.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        if let Some(kind) = &self.model_type
-            && kind != "qwen2"
-        {
-            return Err(format!("model_type is `{kind}`, only `qwen2` is supported"));
-        }
         for (name, value) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -168,7 +207,10 @@ impl Qwen2Config {
                 return Err(format!("`{name}` must be positive"));
             }
         }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if self.head_dim == Some(0) {
+            return Err("`head_dim` must be positive".into());
+        }
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
                 self.hidden_size, self.num_attention_heads
@@ -241,9 +283,40 @@ impl Qwen2Config {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
-    /// Width of one attention head.
+    /// Width of one attention head: `head_dim` when the config gives it, else
+    /// `hidden_size / num_attention_heads`.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// The architecture family (Qwen2 when `model_type` is absent).
+    pub fn family(&self) -> ModelType {
+        self.model_type.unwrap_or(ModelType::Qwen2)
+    }
+
+    /// Whether `q_proj`, `k_proj` and `v_proj` carry a bias.
+    pub fn qkv_bias(&self) -> bool {
+        match self.family() {
+            ModelType::Qwen2 => true,
+            ModelType::Llama => self.attention_bias.unwrap_or(false),
+        }
+    }
+
+    /// Whether `o_proj` carries a bias (Llama with `attention_bias` only).
+    pub fn o_bias(&self) -> bool {
+        match self.family() {
+            ModelType::Qwen2 => false,
+            ModelType::Llama => self.attention_bias.unwrap_or(false),
+        }
+    }
+
+    /// Whether the MLP's projections carry a bias (Llama with `mlp_bias` only).
+    pub fn mlp_bias(&self) -> bool {
+        match self.family() {
+            ModelType::Qwen2 => false,
+            ModelType::Llama => self.mlp_bias.unwrap_or(false),
+        }
     }
 
     /// The RoPE base, from whichever spelling the file used (10000 when absent).
@@ -279,6 +352,9 @@ impl Qwen2Config {
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: Some(num_key_value_heads),
+            head_dim: None,
+            attention_bias: None,
+            mlp_bias: None,
             max_position_embeddings: 32768,
             rms_norm_eps: 1e-6,
             rope_theta: Some(1_000_000.0),
@@ -289,7 +365,7 @@ impl Qwen2Config {
             use_sliding_window: false,
             bos_token_id: None,
             eos_token_id: None,
-            model_type: Some("qwen2".into()),
+            model_type: Some(ModelType::Qwen2),
             quantization_config: None,
         }
     }
@@ -347,6 +423,31 @@ mod tests {
         assert!(err.contains("rope_scaling"), "{err}");
         let err = parse(&format!("{{{BASE}, \"num_key_value_heads\": 3}}")).unwrap_err();
         assert!(err.contains("num_key_value_heads"), "{err}");
+    }
+
+    #[test]
+    fn llama_configs_load_with_their_biases_and_head_dim() {
+        let plain = parse(&format!("{{{BASE}, \"model_type\": \"llama\"}}")).unwrap();
+        assert_eq!(plain.family(), ModelType::Llama);
+        assert!(!plain.qkv_bias() && !plain.o_bias() && !plain.mlp_bias());
+        let biased = parse(&format!(
+            "{{{BASE}, \"model_type\": \"llama\", \"attention_bias\": true, \"mlp_bias\": true, \"head_dim\": 6}}"
+        ))
+        .unwrap();
+        assert!(biased.qkv_bias() && biased.o_bias() && biased.mlp_bias());
+        assert_eq!(biased.head_dim(), 6);
+        // Qwen2 has q/k/v biases whatever `attention_bias` says, and none elsewhere.
+        let qwen = parse(&format!("{{{BASE}, \"model_type\": \"qwen2\"}}")).unwrap();
+        assert!(qwen.qkv_bias() && !qwen.o_bias() && !qwen.mlp_bias());
+        assert_eq!(qwen.head_dim(), 4);
+    }
+
+    #[test]
+    fn unsupported_model_type_is_named() {
+        let err = parse(&format!("{{{BASE}, \"model_type\": \"mistral\"}}")).unwrap_err();
+        assert!(err.contains("mistral"), "{err}");
+        let err = parse(&format!("{{{BASE}, \"head_dim\": 0}}")).unwrap_err();
+        assert!(err.contains("head_dim"), "{err}");
     }
 
     #[test]

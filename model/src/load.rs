@@ -1,6 +1,7 @@
 //! Building a [`Qwen2ForCausalLM`]: from a Hugging Face checkpoint directory (dense f32, f16 or
 //! bf16 safetensors, single or sharded, or a bitsandbytes NF4 checkpoint kept packed), optionally
 //! quantizing dense projections to NF4 on the way in, or with random weights of a given shape.
+//! Qwen2 and Llama checkpoints load alike; the config says which projections carry a bias.
 
 use std::path::Path;
 
@@ -82,35 +83,30 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
             })
         };
         let q = options.quantize_nf4;
+        let (qkv_bias, o_bias, mlp_bias) = (config.qkv_bias(), config.o_bias(), config.mlp_bias());
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}");
+            let attn = |name: &str, rows: usize, cols: usize, bias: bool| {
+                projection(&format!("{p}.self_attn.{name}"), rows, cols, bias, q)
+            };
+            let mlp = |name: &str, rows: usize, cols: usize| {
+                projection(&format!("{p}.mlp.{name}"), rows, cols, mlp_bias, q)
+            };
             layers.push(DecoderLayer {
                 self_attn: Attention {
-                    q_proj: projection(
-                        &format!("{p}.self_attn.q_proj"),
-                        heads * d,
-                        hidden,
-                        true,
-                        q,
-                    )?,
-                    k_proj: projection(&format!("{p}.self_attn.k_proj"), kv * d, hidden, true, q)?,
-                    v_proj: projection(&format!("{p}.self_attn.v_proj"), kv * d, hidden, true, q)?,
-                    o_proj: projection(
-                        &format!("{p}.self_attn.o_proj"),
-                        hidden,
-                        heads * d,
-                        false,
-                        q,
-                    )?,
+                    q_proj: attn("q_proj", heads * d, hidden, qkv_bias)?,
+                    k_proj: attn("k_proj", kv * d, hidden, qkv_bias)?,
+                    v_proj: attn("v_proj", kv * d, hidden, qkv_bias)?,
+                    o_proj: attn("o_proj", hidden, heads * d, o_bias)?,
                     num_heads: heads,
                     num_kv_heads: kv,
                     head_dim: d,
                 },
                 mlp: Mlp {
-                    gate_proj: projection(&format!("{p}.mlp.gate_proj"), inter, hidden, false, q)?,
-                    up_proj: projection(&format!("{p}.mlp.up_proj"), inter, hidden, false, q)?,
-                    down_proj: projection(&format!("{p}.mlp.down_proj"), hidden, inter, false, q)?,
+                    gate_proj: mlp("gate_proj", inter, hidden)?,
+                    up_proj: mlp("up_proj", inter, hidden)?,
+                    down_proj: mlp("down_proj", hidden, inter)?,
                 },
                 input_layernorm: RmsNorm {
                     weight: vector(&format!("{p}.input_layernorm.weight"), hidden)?,
@@ -305,6 +301,7 @@ fn build<B: ModelBackend>(
         Tensor::<B, 1>::from_data(TensorData::new(draw(len, kind), [len]), device)
     };
     let eps = config.rms_norm_eps;
+    let (qkv_bias, o_bias, mlp_bias) = (config.qkv_bias(), config.o_bias(), config.mlp_bias());
     let linear = |weight: BaseWeight<B>, bias: Option<Tensor<B, 1>>| Linear {
         weight,
         bias,
@@ -314,18 +311,18 @@ fn build<B: ModelBackend>(
         .into_iter()
         .map(|[q, k, v, o, g, u, dn]| DecoderLayer {
             self_attn: Attention {
-                q_proj: linear(q, Some(vector(heads * d, Init::Bias))),
-                k_proj: linear(k, Some(vector(kv * d, Init::Bias))),
-                v_proj: linear(v, Some(vector(kv * d, Init::Bias))),
-                o_proj: linear(o, None),
+                q_proj: linear(q, qkv_bias.then(|| vector(heads * d, Init::Bias))),
+                k_proj: linear(k, qkv_bias.then(|| vector(kv * d, Init::Bias))),
+                v_proj: linear(v, qkv_bias.then(|| vector(kv * d, Init::Bias))),
+                o_proj: linear(o, o_bias.then(|| vector(hidden, Init::Bias))),
                 num_heads: heads,
                 num_kv_heads: kv,
                 head_dim: d,
             },
             mlp: Mlp {
-                gate_proj: linear(g, None),
-                up_proj: linear(u, None),
-                down_proj: linear(dn, None),
+                gate_proj: linear(g, mlp_bias.then(|| vector(inter, Init::Bias))),
+                up_proj: linear(u, mlp_bias.then(|| vector(inter, Init::Bias))),
+                down_proj: linear(dn, mlp_bias.then(|| vector(hidden, Init::Bias))),
             },
             input_layernorm: RmsNorm {
                 weight: vector(hidden, Init::Norm),

@@ -105,11 +105,12 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
             .expect("config serialises to an object");
         obj.retain(|_, v| !v.is_null());
         obj.remove("quantization_config");
+        let family = self.config.family();
         obj.insert(
             "architectures".into(),
-            serde_json::json!(["Qwen2ForCausalLM"]),
+            serde_json::json!([family.architecture()]),
         );
-        obj.insert("model_type".into(), serde_json::json!("qwen2"));
+        obj.insert("model_type".into(), serde_json::json!(family.as_str()));
         obj.insert(
             "torch_dtype".into(),
             serde_json::json!(if dtype == SaveDtype::F32 {

@@ -53,6 +53,11 @@ fn dense_greedy_matches() {
 }
 
 #[test]
+fn llama_greedy_matches() {
+    check("tiny-llama", None);
+}
+
+#[test]
 fn nf4_greedy_matches() {
     check("tiny-qwen2-nf4", None);
     check("tiny-qwen2-nf4-plain", None);

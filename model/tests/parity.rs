@@ -31,6 +31,12 @@ fn dense_bf16_logits_match_transformers() {
 }
 
 #[test]
+fn llama_logits_match_transformers() {
+    // No q/k/v biases, `head_dim` given, `rope_parameters` instead of `rope_theta`.
+    check_logits("tiny-llama");
+}
+
+#[test]
 fn nf4_double_quant_logits_match_bitsandbytes() {
     check_logits("tiny-qwen2-nf4");
 }

