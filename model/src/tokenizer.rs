@@ -91,6 +91,7 @@ struct TokenizerConfig {
 pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
 
 /// A tokenizer with its chat template and special tokens.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     template: Option<String>,

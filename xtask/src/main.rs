@@ -6,6 +6,7 @@ mod backend;
 mod bench;
 mod data;
 mod episode;
+mod eval;
 mod fetch_base;
 mod generate;
 mod logits;
@@ -13,6 +14,8 @@ mod quantize;
 mod repl;
 mod score;
 mod serve;
+mod smoke;
+mod train;
 
 /// Fathom: teach a small language model to work as a Recursive Language Model.
 #[derive(Parser)]
@@ -24,6 +27,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train: SFT warm-start and multi-turn GRPO from a recipe (default: the embedded laptop
+    /// recipe on SmolLM2-135M-Instruct), then held-out evaluations and a report.
+    Train(train::TrainArgs),
+    /// Evaluate a recipe's base, and optionally an adapter, on a split through the environment.
+    Eval(eval::EvalArgs),
+    /// One SFT and one GRPO step end to end on a tiny model; writes SMOKE_RESULT.md.
+    Smoke(smoke::SmokeArgs),
     /// Write f32 logits [B, T, V] of given token ids to a safetensors file.
     Logits(logits::LogitsArgs),
     /// Generate from token ids or a chat prompt (greedy or sampled).
@@ -62,6 +72,9 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Train(args) => train::run_cmd(args),
+        Command::Eval(args) => eval::run(args),
+        Command::Smoke(args) => smoke::run_cmd(args),
         Command::Logits(args) => logits::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Quantize(args) => quantize::run(args),

@@ -1,0 +1,742 @@
+//! The training run, top to bottom: load the policy, evaluate the base, SFT warm-start on
+//! expert traces, GRPO through the real multi-turn environment, evaluate again, save the
+//! adapter. Each GRPO step reads: sample prompts → rollouts → rewards → advantages (RAPO:
+//! replay, drop flat groups) → learner log-probabilities → loss → backward → clip → AdamW →
+//! metrics → checkpoint.
+//!
+//! Checkpoints are written every `checkpoints.every` steps and at the end of each stage;
+//! a resumed run (the newest complete checkpoint under `<out>/checkpoints`) restores the
+//! adapter, the optimiser, the trainer's generator, the data cursor and RAPO's state, and cuts
+//! `metrics.jsonl` back to the checkpoint, so it continues exactly as the uninterrupted run
+//! would have (timings aside). Every random choice is derived from the recipe's seeds and the
+//! step: prompt order from the trainer's generator, token sampling from streams keyed by step
+//! and episode.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::tensor::{Int, Tensor, TensorData};
+use fathom_env::env::{EnvConfig, ReplEnv, ResetRequest, Services};
+use fathom_env::expert::PassageReader;
+use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
+use fathom_model::{ModelBackend, Qwen2ForCausalLM, SequenceLogprobs, TrainPass, Tokenizer};
+use fathom_rewards::record::{Task, Trajectory};
+use rand::seq::SliceRandom;
+
+use crate::checkpoint::{self, AdamWOptimizer, DataCursor, RngState, Stage, TrainRng, TrainerState};
+use crate::envs::EnvFactory;
+use crate::eval::{EvalReport, evaluate, score_episode};
+use crate::grpo::{LossBatch, Sample, group_advantages, host_batch, policy_loss};
+use crate::metrics::progress::{bar, step_message};
+use crate::metrics::{MetricsLog, RolloutMetrics, StepMetrics, StepTime, plot::plot_stage, read_log};
+use crate::policy::load_policy;
+use crate::rapo::{RapoState, drop_flat_groups};
+use crate::recipe::{LearnerSection, Plan};
+use crate::rollout::{Chat, EpisodeSpec, RolloutSettings, rollout};
+use crate::sft::{chat_messages, generate_traces, render};
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The policy could not be built.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    /// The environments could not be built.
+    #[error(transparent)]
+    Envs(#[from] crate::envs::EnvsError),
+    /// A task could not be generated.
+    #[error("task: {0}")]
+    Task(#[from] fathom_env::tasks::TaskError),
+    /// The sandbox failed.
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] fathom_env::sandbox::SandboxError),
+    /// A rollout failed.
+    #[error(transparent)]
+    Rollout(#[from] crate::rollout::RolloutError),
+    /// SFT data failed.
+    #[error(transparent)]
+    Sft(#[from] crate::sft::SftError),
+    /// The GRPO batch was inconsistent.
+    #[error(transparent)]
+    Grpo(#[from] crate::grpo::GrpoError),
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] fathom_model::ModelError),
+    /// A checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    /// Metrics or plots failed.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    /// Writing an output failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Nothing can be trained on.
+    #[error("{0}")]
+    NoData(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Which evaluations a run makes (all on the held-out tasks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evaluations {
+    /// The base model, before any training.
+    pub base: bool,
+    /// After the SFT warm-start.
+    pub sft: bool,
+    /// After GRPO.
+    pub grpo: bool,
+}
+
+/// How to run a plan.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The run's directory (metrics, plots, checkpoints, adapter, report).
+    pub out: PathBuf,
+    /// Continue from the newest checkpoint under `<out>/checkpoints`, if there is one.
+    pub resume: bool,
+    /// The default base's directory, for recipes that use it.
+    pub default_base: Option<PathBuf>,
+    /// How sandbox workers are started.
+    pub worker: WorkerCommand,
+    /// Show progress bars.
+    pub progress: bool,
+    /// Evaluations on the held-out tasks.
+    pub evaluations: Evaluations,
+    /// Stop (as if interrupted) after this step of this stage; for tests of resuming.
+    pub stop_after: Option<(Stage, u64)>,
+}
+
+/// One evaluation of a run.
+#[derive(Clone, Debug)]
+pub struct StageEval {
+    /// `base`, `sft` or `grpo`.
+    pub label: String,
+    /// The scores.
+    pub report: EvalReport,
+    /// The episodes (in task order; `None` where one failed).
+    pub trajectories: Vec<Option<Trajectory>>,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    /// The run's directory.
+    pub out: PathBuf,
+    /// The final adapter (PEFT format).
+    pub adapter: PathBuf,
+    /// `metrics.jsonl`.
+    pub metrics: PathBuf,
+    /// SFT steps done (over the whole run, resumed or not).
+    pub sft_steps: u64,
+    /// GRPO steps done.
+    pub grpo_steps: u64,
+    /// Whether the run stopped early at [`RunOptions::stop_after`].
+    pub interrupted: bool,
+    /// Evaluations made by this invocation.
+    pub evals: Vec<StageEval>,
+    /// Where the base came from.
+    pub base: String,
+}
+
+type Ad<B> = Autodiff<B>;
+
+/// Everything the stages share.
+struct Run<'a, B: ModelBackend> {
+    plan: &'a Plan,
+    opts: &'a RunOptions,
+    device: &'a B::Device,
+    tokenizer: Arc<Tokenizer>,
+    end_of_turn: u32,
+    factory: EnvFactory,
+    metrics: Option<MetricsLog>,
+    ckpt_root: PathBuf,
+}
+
+/// Runs `plan` to its end (or to `opts.stop_after`).
+pub fn run<B: ModelBackend>(
+    plan: &Plan,
+    opts: &RunOptions,
+    device: &B::Device,
+) -> Result<RunSummary, TrainError> {
+    std::fs::create_dir_all(&opts.out).map_err(io(&opts.out))?;
+    let policy = load_policy::<Ad<B>>(plan, opts.default_base.as_deref(), device)?;
+    let mut model = policy.model;
+    let tokenizer = Arc::new(policy.tokenizer);
+    let bridge = crate::rollout::Bridge::new();
+    let parallel = plan.grpo.prompts_per_step * plan.grpo.group_size;
+    let factory = EnvFactory::new(plan, opts.worker.clone(), tokenizer.clone(), &bridge, parallel)?;
+    let mut run = Run::<B> {
+        plan,
+        opts,
+        device,
+        tokenizer,
+        end_of_turn: policy.end_of_turn,
+        factory,
+        metrics: None,
+        ckpt_root: opts.out.join("checkpoints"),
+    };
+    let metrics_path = opts.out.join("metrics.jsonl");
+    let resume_grpo = if opts.resume { checkpoint::latest(&run.ckpt_root, Stage::Grpo)? } else { None };
+    let resume_sft = if opts.resume && resume_grpo.is_none() {
+        checkpoint::latest(&run.ckpt_root, Stage::Sft)?
+    } else {
+        None
+    };
+    let mut summary = RunSummary {
+        out: opts.out.clone(),
+        adapter: opts.out.join("adapter"),
+        metrics: metrics_path.clone(),
+        sft_steps: 0,
+        grpo_steps: 0,
+        interrupted: false,
+        evals: Vec::new(),
+        base: policy.base,
+    };
+    let heldout = tasks_of(plan, plan.data.heldout.split, &plan.heldout_tasks)?;
+    let fresh = resume_grpo.is_none() && resume_sft.is_none();
+    run.metrics = Some(if fresh {
+        MetricsLog::create(&metrics_path)?
+    } else {
+        let (stage, dir) = match (&resume_grpo, &resume_sft) {
+            (Some(d), _) => (Stage::Grpo, d),
+            (_, Some(d)) => (Stage::Sft, d),
+            _ => unreachable!("not fresh"),
+        };
+        let step = checkpoint_step(dir)?;
+        MetricsLog::resume(&metrics_path, stage, step)?
+    });
+    if fresh && opts.evaluations.base {
+        summary.evals.push(run.evaluate("base", &model, &heldout)?);
+    }
+
+    // Stage 1: SFT warm-start.
+    if let Some(sft) = &plan.sft
+        && resume_grpo.is_none()
+    {
+        let (m, steps, stopped) = run.sft(model, sft, resume_sft.as_deref())?;
+        model = m;
+        summary.sft_steps = steps;
+        if stopped {
+            summary.interrupted = true;
+            return Ok(summary);
+        }
+        if opts.evaluations.sft {
+            summary.evals.push(run.evaluate("sft", &model, &heldout)?);
+        }
+    }
+
+    // Stage 2: GRPO.
+    let (m, steps, stopped) = run.grpo(model, resume_grpo.as_deref())?;
+    model = m;
+    summary.grpo_steps = steps;
+    if stopped {
+        summary.interrupted = true;
+        return Ok(summary);
+    }
+    if opts.evaluations.grpo {
+        summary.evals.push(run.evaluate("grpo", &model, &heldout)?);
+    }
+    model
+        .save_adapter(&summary.adapter, Some(&summary.base))
+        .map_err(TrainError::Model)?;
+    run.plot_all()?;
+    Ok(summary)
+}
+
+/// The step a checkpoint directory holds.
+fn checkpoint_step(dir: &Path) -> Result<u64, TrainError> {
+    let text = std::fs::read_to_string(dir.join("state.json")).map_err(io(dir))?;
+    let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
+        checkpoint::CheckpointError::Invalid {
+            dir: dir.to_path_buf(),
+            message: format!("state.json: {e}"),
+        }
+    })?;
+    Ok(state.step)
+}
+
+/// The tasks at `indices` of `split`.
+pub fn tasks_of(
+    plan: &Plan,
+    split: fathom_rewards::record::Split,
+    indices: &[usize],
+) -> Result<Vec<Task>, TrainError> {
+    indices
+        .iter()
+        .map(|&i| Ok(fathom_env::tasks::split_task(split, i, &plan.env.tasks)?))
+        .collect()
+}
+
+/// The packed entries of `out` laid out as the padded `[rows, cols]` batch (zeros where a row
+/// is shorter), as `grpo::host_batch` and `sft::sft_batch` align them.
+fn padded<B: burn::tensor::backend::Backend>(
+    values: Tensor<B, 1>,
+    offsets: &[usize],
+    cols: usize,
+) -> Tensor<B, 2> {
+    let rows = offsets.len() - 1;
+    let total = offsets[rows] as i64;
+    let mut index = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let n = offsets[r + 1] - offsets[r];
+        index.extend((0..cols).map(|c| {
+            if c < n {
+                (offsets[r] + c) as i64
+            } else {
+                total
+            }
+        }));
+    }
+    let device = values.device();
+    let extended = Tensor::cat(vec![values, Tensor::zeros([1], &device)], 0);
+    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(index, [rows * cols]), &device);
+    extended.select(0, index).reshape([rows, cols])
+}
+
+fn pass(learner: &LearnerSection, temperature: f64) -> TrainPass {
+    TrainPass {
+        checkpointing: learner.activation_checkpointing,
+        chunk: learner.logprob_chunk,
+        temperature,
+    }
+}
+
+impl<B: ModelBackend> Run<'_, B> {
+    fn chat(&self) -> Chat<'_> {
+        Chat::new(&self.tokenizer, self.end_of_turn)
+    }
+
+    fn rollout_settings(&self, greedy: bool, seed: u64) -> RolloutSettings {
+        let g = &self.plan.grpo;
+        RolloutSettings {
+            sampling: if greedy {
+                fathom_model::Sampling::Greedy
+            } else {
+                self.plan.sampling
+            },
+            max_turn_tokens: g.max_new_tokens,
+            max_episode_tokens: g.max_episode_tokens,
+            sub_call_tokens: g.max_new_tokens,
+            seed,
+        }
+    }
+
+    fn log(&mut self, m: &StepMetrics, every: usize) -> Result<(), TrainError> {
+        if (m.step as usize).is_multiple_of(every.max(1))
+            && let Some(log) = &mut self.metrics
+        {
+            log.append(m)?;
+        }
+        Ok(())
+    }
+
+    fn plot_all(&self) -> Result<(), TrainError> {
+        let records = read_log(&self.opts.out.join("metrics.jsonl"))?;
+        let dir = self.opts.out.join("plots");
+        for (stage, prefix) in [(Stage::Sft, "sft_"), (Stage::Grpo, "grpo_")] {
+            if records.iter().any(|r| r.stage == stage) {
+                plot_stage(&records, stage, &dir, prefix)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Greedy evaluation of `model` on `tasks`.
+    fn evaluate(
+        &self,
+        label: &str,
+        model: &Qwen2ForCausalLM<Ad<B>>,
+        tasks: &[Task],
+    ) -> Result<StageEval, TrainError> {
+        let inner = model.valid();
+        let chat = self.chat();
+        let settings = self.rollout_settings(true, self.plan.seeds.sampling);
+        let progress = bar(tasks.len() as u64, &format!("eval {label}"), self.opts.progress);
+        let (report, trajectories, _) = evaluate(
+            &inner,
+            &chat,
+            &self.factory,
+            tasks,
+            &self.plan.rewards,
+            &settings,
+            self.plan.grpo.prompts_per_step * self.plan.grpo.group_size,
+            self.device,
+            &mut |done| progress.set_position(done as u64),
+        )?;
+        progress.finish_and_clear();
+        Ok(StageEval {
+            label: label.into(),
+            report,
+            trajectories,
+        })
+    }
+
+    /// The SFT warm-start; returns the model, the steps done and whether it stopped early.
+    fn sft(
+        &mut self,
+        mut model: Qwen2ForCausalLM<Ad<B>>,
+        sft: &crate::recipe::SftSection,
+        resume: Option<&Path>,
+    ) -> Result<(Qwen2ForCausalLM<Ad<B>>, u64, bool), TrainError> {
+        let plan = self.plan;
+        // Expert traces through the real environment (the expert's own passage reader answers
+        // its llm() calls).
+        let train = tasks_of(plan, plan.data.train.split, &plan.train_tasks)?;
+        let mut config = SandboxConfig::new(self.opts.worker.clone());
+        plan.sandbox.apply(&mut config);
+        config.idle_workers = 1;
+        let mut services = Services::new(SandboxPool::new(config)?, Arc::new(PassageReader));
+        services.config = EnvConfig {
+            ..plan.env.clone()
+        };
+        let mut expert_env = ReplEnv::new(services);
+        let traces = generate_traces(
+            &mut expert_env,
+            &train,
+            &plan.rewards,
+            &sft.traces,
+            plan.seeds.data,
+        )?;
+        let mut examples = Vec::new();
+        for t in traces.iter().filter(|t| t.correct) {
+            let ex = render(&self.tokenizer, &chat_messages(&t.messages))?;
+            if ex.ids.len() <= sft.max_length && ex.target_count() > 0 {
+                examples.push(ex);
+            }
+        }
+        if examples.is_empty() {
+            return Err(TrainError::NoData(format!(
+                "no expert trace fits sft.max_length ({} tokens)",
+                sft.max_length
+            )));
+        }
+        let mut optim: AdamWOptimizer<Ad<B>> = sft.optimizer.init();
+        let mut state = TrainerState {
+            step: 0,
+            stage: Stage::Sft,
+            data: DataCursor::default(),
+            rng: RngState::capture(&checkpoint::train_rng(plan.seeds.data ^ 0x5f7)),
+            rapo: RapoState::default(),
+        };
+        if let Some(dir) = resume {
+            let loaded = checkpoint::load(dir, strip(model), optim, self.device)?;
+            model = loaded.model;
+            optim = loaded.optim;
+            state = loaded.state;
+        }
+        let rng: TrainRng = state.rng.restore().map_err(|message| {
+            checkpoint::CheckpointError::Invalid {
+                dir: self.ckpt_root.clone(),
+                message,
+            }
+        })?;
+        let progress = bar(sft.steps as u64, "sft", self.opts.progress);
+        progress.set_position(state.step);
+        let mut order = epoch_order(examples.len(), &rng, state.data.epoch);
+        while (state.step as usize) < sft.steps {
+            let started = Instant::now();
+            let mut batch = Vec::with_capacity(sft.batch_size);
+            while batch.len() < sft.batch_size {
+                if state.data.position as usize >= order.len() {
+                    state.data.epoch += 1;
+                    state.data.position = 0;
+                    order = epoch_order(examples.len(), &rng, state.data.epoch);
+                }
+                batch.push(&examples[order[state.data.position as usize]]);
+                state.data.position += 1;
+            }
+            let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+            let total: usize = batch.iter().map(|e| e.targets[1..].iter().filter(|t| **t).count()).sum();
+            let weights: Vec<f32> = batch
+                .iter()
+                .flat_map(|e| e.targets[1..].iter().map(|&t| if t { 1.0 / total.max(1) as f32 } else { 0.0 }))
+                .collect();
+            let device = self.device.clone();
+            let out = fathom_model::forward_backward(
+                &model,
+                &seqs,
+                pass(&sft.learner, 1.0),
+                self.device,
+                |lp: &SequenceLogprobs<Ad<B>>| {
+                    let n = weights.len();
+                    let w = Tensor::<Ad<B>, 1>::from_data(TensorData::new(weights.clone(), [n]), &device);
+                    ((lp.logprobs.clone() * w).sum().neg(), ())
+                },
+            )?;
+            let mut grads = out.grads;
+            let clipping = crate::optim::clip_global_norm(&model, &mut grads, sft.optimizer.grad_clip);
+            let lr = sft.schedule.lr(sft.optimizer.lr, state.step as usize, sft.steps);
+            model = optim.step(lr, model, grads);
+            state.step += 1;
+            let elapsed = started.elapsed().as_secs_f64();
+            let m = StepMetrics {
+                stage: Stage::Sft,
+                step: state.step,
+                loss: out.loss as f64,
+                learning_rate: lr,
+                grad_norm: clipping.norm,
+                tokens_per_second: seqs.iter().map(|s| s.len()).sum::<usize>() as f64 / elapsed,
+                time: StepTime {
+                    generation_s: 0.0,
+                    environment_s: 0.0,
+                    learning_s: elapsed,
+                },
+                rollout: None,
+            };
+            self.log(&m, plan.output.metrics_every)?;
+            progress.set_position(state.step);
+            progress.set_message(step_message(&m));
+            state.rng = RngState::capture(&rng);
+            let last = state.step as usize == sft.steps;
+            if last || (state.step as usize).is_multiple_of(plan.checkpoints.every) {
+                checkpoint::save(&self.ckpt_root, &model, &optim, &state, &plan.text, plan.checkpoints.keep_last)?;
+            }
+            if self.opts.stop_after == Some((Stage::Sft, state.step)) && !last {
+                return Ok((model, state.step, true));
+            }
+        }
+        progress.finish_and_clear();
+        Ok((model, state.step, false))
+    }
+
+    /// GRPO; returns the model, the steps done and whether it stopped early.
+    fn grpo(
+        &mut self,
+        mut model: Qwen2ForCausalLM<Ad<B>>,
+        resume: Option<&Path>,
+    ) -> Result<(Qwen2ForCausalLM<Ad<B>>, u64, bool), TrainError> {
+        let plan = self.plan;
+        let g = &plan.grpo;
+        let train = tasks_of(plan, plan.data.train.split, &plan.train_tasks)?;
+        let mut optim: AdamWOptimizer<Ad<B>> = g.optimizer.init();
+        let mut state = TrainerState {
+            step: 0,
+            stage: Stage::Grpo,
+            data: DataCursor::default(),
+            rng: RngState::capture(&checkpoint::train_rng(plan.seeds.data ^ 0x6a90)),
+            rapo: RapoState::default(),
+        };
+        if let Some(dir) = resume {
+            let loaded = checkpoint::load(dir, strip(model), optim, self.device)?;
+            model = loaded.model;
+            optim = loaded.optim;
+            state = loaded.state;
+        }
+        let rng: TrainRng = state.rng.restore().map_err(|message| {
+            checkpoint::CheckpointError::Invalid {
+                dir: self.ckpt_root.clone(),
+                message,
+            }
+        })?;
+        let reference = (g.loss.beta > 0.0).then(|| strip(model.valid()));
+        let total_opt_steps = g.steps * g.optimizer_steps_per_batch;
+        let progress = bar(g.steps as u64, "grpo", self.opts.progress);
+        progress.set_position(state.step);
+        let mut order = epoch_order(train.len(), &rng, state.data.epoch);
+        while (state.step as usize) < g.steps {
+            // Prompts: the next B tasks that RAPO has not pruned.
+            let mut prompts: Vec<&Task> = Vec::with_capacity(g.prompts_per_step);
+            let mut scanned = 0;
+            while prompts.len() < g.prompts_per_step {
+                if state.data.position as usize >= order.len() {
+                    state.data.epoch += 1;
+                    state.data.position = 0;
+                    order = epoch_order(train.len(), &rng, state.data.epoch);
+                }
+                let task = &train[order[state.data.position as usize]];
+                state.data.position += 1;
+                scanned += 1;
+                if !state.rapo.solve_rates.is_pruned(&task.id, &plan.rapo) {
+                    prompts.push(task);
+                }
+                if scanned > 2 * train.len() + g.prompts_per_step {
+                    return Err(TrainError::NoData(
+                        "RAPO pruned every training prompt (their solve rate reached \
+                         rapo.prune_solve_rate)"
+                            .into(),
+                    ));
+                }
+            }
+            // Rollouts: G episodes per prompt, each with its own sampling stream.
+            let gsize = g.group_size;
+            let specs: Vec<EpisodeSpec> = prompts
+                .iter()
+                .enumerate()
+                .flat_map(|(p, task)| {
+                    (0..gsize).map(move |k| EpisodeSpec {
+                        reset: ResetRequest::Task(Box::new((*task).clone())),
+                        group: p,
+                        stream: (p * gsize + k) as u64,
+                    })
+                })
+                .collect();
+            let inner = model.valid();
+            let chat = self.chat();
+            let mut envs = self.factory.make(specs.len());
+            let settings = self.rollout_settings(false, plan.seeds.sampling ^ state.step.wrapping_mul(0x9e37_79b9));
+            let (outputs, rstats) = rollout(&inner, &chat, &mut envs, &specs, &settings, self.factory.bridge(), self.device)?;
+            // Rewards.
+            let evals: Vec<_> = outputs
+                .iter()
+                .zip(&specs)
+                .map(|(o, s)| score_episode(&plan.rewards, prompts[s.group], &o.trajectory, o.turns, o.generated_tokens))
+                .collect();
+            let mut samples: Vec<Sample> = outputs.iter().map(|o| o.sample.clone()).collect();
+            let mut rewards: Vec<f64> = evals.iter().map(|e| e.reward).collect();
+            // RAPO: remember successes, replay one into a group that failed entirely.
+            for (p, task) in prompts.iter().enumerate() {
+                let range = p * gsize..(p + 1) * gsize;
+                state.rapo.solve_rates.record(&task.id, evals[range.clone()].iter().map(|e| e.correct));
+                if let Some(replay) = &plan.rapo.replay {
+                    let injected = state.rapo.replay.inject(&task.id, &mut samples[range.clone()], &mut rewards[range.clone()], replay);
+                    if injected.is_none()
+                        && let Some(best) = range.clone().max_by(|&a, &b| rewards[a].total_cmp(&rewards[b]))
+                    {
+                        state.rapo.replay.offer(&task.id, &samples[best], rewards[best], state.step, replay);
+                    }
+                }
+            }
+            let advantages = group_advantages(&rewards, gsize, g.loss.scale_by_std)?;
+            let good = drop_flat_groups(&advantages, plan.rapo.rescale_advantages);
+            // The learner.
+            let learn_started = Instant::now();
+            let lr = g.schedule.lr(g.optimizer.lr, state.step as usize * g.optimizer_steps_per_batch, total_opt_steps);
+            let mut loss_value = 0.0;
+            let mut grad_norm = 0.0;
+            let mut stats = crate::grpo::LossStats::default();
+            if !good.rows.is_empty() {
+                let kept: Vec<&Sample> = good.rows.iter().map(|&r| &samples[r]).collect();
+                let host = host_batch(&kept, 0)?;
+                let cols = host.cols();
+                let batch = LossBatch::<Ad<B>>::new(&host, &good.advantages, g.loss.normalization, self.device)?;
+                let seqs: Vec<&[u32]> = kept.iter().map(|s| s.ids.as_slice()).collect();
+                let temperature = plan.sampling.temperature() as f64;
+                let ref_logprobs = match &reference {
+                    Some(r) => {
+                        let out = fathom_model::packed_logprobs(r, &seqs, temperature, g.learner.logprob_chunk, self.device)?;
+                        Some(padded(out.logprobs, &out.offsets, cols))
+                    }
+                    None => None,
+                };
+                for _ in 0..g.optimizer_steps_per_batch {
+                    let out = fathom_model::forward_backward(
+                        &model,
+                        &seqs,
+                        pass(&g.learner, temperature),
+                        self.device,
+                        |lp: &SequenceLogprobs<Ad<B>>| {
+                            let new = padded(lp.logprobs.clone(), &lp.offsets, cols);
+                            let entropy = padded(lp.entropy.clone(), &lp.offsets, cols);
+                            let reference = ref_logprobs.clone().map(Tensor::from_inner);
+                            match policy_loss(new, &batch, reference, Some(entropy), &g.loss) {
+                                Ok(p) => (p.loss, Ok(p.stats)),
+                                Err(e) => (Tensor::zeros([1], &lp.logprobs.device()), Err(e)),
+                            }
+                        },
+                    )?;
+                    stats = out.aux?;
+                    let mut grads = out.grads;
+                    let clipping = crate::optim::clip_global_norm(&model, &mut grads, g.optimizer.grad_clip);
+                    grad_norm = clipping.norm;
+                    loss_value = out.loss as f64;
+                    model = optim.step(lr, model, grads);
+                }
+            }
+            let learning_s = learn_started.elapsed().as_secs_f64();
+            state.step += 1;
+            let n = evals.len().max(1) as f64;
+            let mut components = std::collections::BTreeMap::new();
+            for e in &evals {
+                for (k, v) in &e.components {
+                    *components.entry(k.clone()).or_insert(0.0) += v / n;
+                }
+            }
+            let time = StepTime {
+                generation_s: rstats.generation_s,
+                environment_s: rstats.environment_s,
+                learning_s,
+            };
+            let m = StepMetrics {
+                stage: Stage::Grpo,
+                step: state.step,
+                loss: loss_value,
+                learning_rate: lr,
+                grad_norm,
+                tokens_per_second: rstats.generated_tokens as f64 / time.total_s().max(1e-9),
+                time,
+                rollout: Some(RolloutMetrics {
+                    reward: evals.iter().map(|e| e.reward).sum::<f64>() / n,
+                    reward_components: components,
+                    kl: stats.kl,
+                    entropy: stats.entropy,
+                    completion_tokens: outputs.iter().map(|o| o.generated_tokens as f64).sum::<f64>() / n,
+                    advantage_variance: advantages.variance(),
+                    zero_variance_groups: advantages.zero_variance_fraction(),
+                    clip_low: stats.clip_low,
+                    clip_high: stats.clip_high,
+                    llm_calls: evals.iter().map(|e| e.llm_calls as f64).sum::<f64>() / n,
+                    tool_tokens: evals.iter().map(|e| e.tool_tokens as f64).sum::<f64>() / n,
+                    solve_rate: evals.iter().filter(|e| e.correct).count() as f64 / n,
+                }),
+            };
+            self.log(&m, plan.output.metrics_every)?;
+            progress.set_position(state.step);
+            progress.set_message(step_message(&m));
+            if plan.output.plot_every > 0 && (state.step as usize).is_multiple_of(plan.output.plot_every) {
+                self.plot_all()?;
+            }
+            state.rng = RngState::capture(&rng);
+            let last = state.step as usize == g.steps;
+            if last || (state.step as usize).is_multiple_of(plan.checkpoints.every) {
+                checkpoint::save(&self.ckpt_root, &model, &optim, &state, &plan.text, plan.checkpoints.keep_last)?;
+            }
+            if self.opts.stop_after == Some((Stage::Grpo, state.step)) && !last {
+                return Ok((model, state.step, true));
+            }
+        }
+        progress.finish_and_clear();
+        Ok((model, state.step, false))
+    }
+}
+
+/// A permutation of `0..n` drawn from `rng`.
+fn shuffled(n: usize, rng: &mut TrainRng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(rng);
+    order
+}
+
+/// The order of tasks in epoch `epoch`: a permutation drawn from the stage's generator on the
+/// stream of that epoch, so it depends only on the seed and the epoch and a resumed run (which
+/// restores the generator and the data cursor) walks the same order.
+fn epoch_order(n: usize, rng: &TrainRng, epoch: u64) -> Vec<usize> {
+    let mut r = rng.clone();
+    r.set_stream(epoch);
+    r.set_word_pos(0);
+    shuffled(n, &mut r)
+}
+
+/// The model without its adapters (the reference policy, or the base to load a checkpoint's
+/// adapter onto).
+pub fn strip<B: burn::tensor::backend::Backend>(mut model: Qwen2ForCausalLM<B>) -> Qwen2ForCausalLM<B> {
+    for (_, p) in model.layer_projections_mut() {
+        p.lora = None;
+    }
+    model
+}
