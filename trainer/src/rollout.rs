@@ -9,8 +9,13 @@
 //!   released and reused.
 //! - **No padding.** Rows feed only their new tokens; a row decoding one token and a row taking
 //!   a 500-token observation share a forward pass.
-//! - **Overlap.** While some episodes wait for their environment (the REPL running their code),
-//!   the others keep generating; the loop blocks only when no row has anything to feed.
+//! - **Overlap, deterministically.** Environments run their code while the next forward pass
+//!   runs; at each boundary between forward passes the loop waits until every environment has
+//!   either answered or is blocked on an `llm()` call it queued, then takes in everything in a
+//!   fixed order. Which tokens share a forward pass therefore never depends on thread timing,
+//!   so a rollout (and a resumed run) is reproducible bit for bit; the cost is that an
+//!   environment step longer than a forward pass makes the loop wait (reported as environment
+//!   time).
 //! - **`llm()` and recursion.** Environments built with [`Bridge::sub_lm`] and
 //!   [`Bridge::policy`] send their calls here; a call becomes a row of its own (the prompt as a
 //!   user turn, no gradient), answered when it ends its turn. A step blocked on `llm()` never
@@ -104,7 +109,7 @@ pub struct EpisodeOutput {
 pub struct RolloutStats {
     /// Seconds in forward passes and sampling.
     pub generation_s: f64,
-    /// Seconds the loop waited with nothing to generate (environments running).
+    /// Seconds the loop waited at forward-pass boundaries for environments to answer.
     pub environment_s: f64,
     /// Forward passes.
     pub forward_passes: usize,

@@ -54,6 +54,9 @@ enum Phase {
 
 struct Live {
     phase: Phase,
+    /// The episode's thread is working (resetting, stepping, aborting) rather than waiting for
+    /// the engine's next action.
+    busy: bool,
     row: Option<usize>,
     rng: StdRng,
     sample: Sample,
@@ -91,6 +94,8 @@ struct Engine<'a, B: ModelBackend> {
     free_rows: Vec<usize>,
     episodes: Vec<Live>,
     subs: Vec<Option<SubRow>>,
+    /// Requests received but not yet given a row.
+    queued: Vec<Request>,
     stats: RolloutStats,
 }
 
@@ -122,6 +127,7 @@ pub(super) fn run<B: ModelBackend>(
             scope.spawn(move || drive(i, env.as_mut(), reset, actions, events_tx));
             episodes.push(Live {
                 phase: Phase::Starting,
+                busy: true,
                 row: None,
                 rng: fathom_model::sequence_rng(settings.seed, spec.stream),
                 sample: Sample {
@@ -149,6 +155,7 @@ pub(super) fn run<B: ModelBackend>(
             free_rows: Vec::new(),
             episodes,
             subs: Vec::new(),
+            queued: Vec::new(),
             stats: RolloutStats::default(),
         };
         let result = engine.run(specs, &events, bridge.requests());
@@ -227,48 +234,65 @@ impl<B: ModelBackend> Engine<'_, B> {
         requests: &Receiver<Request>,
     ) -> Result<(), RolloutError> {
         // Every reset first, so each group's shared prompt is prefilled once.
-        while self
-            .episodes
-            .iter()
-            .any(|e| e.phase == Phase::Starting)
-        {
-            let t = Instant::now();
-            let event = events
-                .recv()
-                .map_err(|_| RolloutError::Setup("episode threads ended early".into()))?;
-            self.stats.environment_s += t.elapsed().as_secs_f64();
-            self.handle_event(event)?;
-        }
+        self.settle(events, requests)?;
         self.prefill_groups(specs)?;
+        loop {
+            self.settle(events, requests)?;
+            if self.episodes.iter().all(|e| e.phase == Phase::Finished) {
+                return Ok(());
+            }
+            if !self.step()? {
+                return Err(RolloutError::Setup(
+                    "the rollout stalled: no episode or request has tokens to generate".into(),
+                ));
+            }
+        }
+    }
+
+    /// Waits until every episode thread is either waiting for the engine or blocked on a
+    /// request the engine has received, then gives queued requests their rows in a fixed
+    /// order. Environments run while the previous forward pass ran; what they report is taken
+    /// in at this boundary and no other, so which tokens share a forward pass never depends on
+    /// thread timing, and a rollout is reproducible bit for bit.
+    fn settle(
+        &mut self,
+        events: &Receiver<FromEnv>,
+        requests: &Receiver<Request>,
+    ) -> Result<(), RolloutError> {
+        let t = Instant::now();
         loop {
             while let Ok(event) = events.try_recv() {
                 self.handle_event(event)?;
             }
             while let Ok(request) = requests.try_recv() {
-                self.handle_request(request)?;
+                self.queued.push(request);
             }
-            if self.episodes.iter().all(|e| e.phase == Phase::Finished) {
-                return Ok(());
+            let busy = self.episodes.iter().filter(|e| e.busy).count();
+            let blocked = self.subs.iter().flatten().count() + self.queued.len();
+            if busy <= blocked {
+                break;
             }
-            if !self.step()? {
-                // Nothing to feed: wait for an environment or a request.
-                let t = Instant::now();
-                select! {
-                    recv(events) -> event => {
-                        let event = event.map_err(|_| {
-                            RolloutError::Setup("episode threads ended early".into())
-                        })?;
-                        self.handle_event(event)?;
-                    }
-                    recv(requests) -> request => {
-                        if let Ok(request) = request {
-                            self.handle_request(request)?;
-                        }
+            select! {
+                recv(events) -> event => {
+                    let event = event.map_err(|_| {
+                        RolloutError::Setup("episode threads ended early".into())
+                    })?;
+                    self.handle_event(event)?;
+                }
+                recv(requests) -> request => {
+                    if let Ok(request) = request {
+                        self.queued.push(request);
                     }
                 }
-                self.stats.environment_s += t.elapsed().as_secs_f64();
             }
         }
+        self.stats.environment_s += t.elapsed().as_secs_f64();
+        let mut queued = std::mem::take(&mut self.queued);
+        queued.sort_by_cached_key(|r| format!("{:?}", r.prompt));
+        for request in queued {
+            self.handle_request(request)?;
+        }
+        Ok(())
     }
 
     fn alloc_row(&mut self) -> usize {
@@ -423,6 +447,7 @@ impl<B: ModelBackend> Engine<'_, B> {
             ep.ended_with_eot = ended;
             ep.turns += 1;
             ep.phase = Phase::Waiting;
+            ep.busy = true;
             let _ = ep.to_env.send(ToEnv::Step(text));
         } else {
             ep.pending = vec![token];
@@ -434,6 +459,7 @@ impl<B: ModelBackend> Engine<'_, B> {
         let ep = &mut self.episodes[i];
         ep.truncated = true;
         ep.phase = Phase::Waiting;
+        ep.busy = true;
         ep.pending.clear();
         let _ = ep.to_env.send(ToEnv::Abort(reason.into()));
         if let Some(row) = ep.row.take() {
@@ -475,6 +501,8 @@ impl<B: ModelBackend> Engine<'_, B> {
                 if obs.done {
                     return Ok(()); // Finished follows
                 }
+                // The thread now waits for the engine's next action.
+                self.episodes[episode].busy = false;
                 if phase == Phase::Starting {
                     let ids = self.chat.prompt_ids(&obs.messages)?;
                     let ep = &mut self.episodes[episode];
@@ -511,6 +539,7 @@ impl<B: ModelBackend> Engine<'_, B> {
                 let ep = &mut self.episodes[episode];
                 ep.trajectory = Some(trajectory);
                 ep.phase = Phase::Finished;
+                ep.busy = false;
                 ep.pending.clear();
                 if let Some(row) = ep.row.take() {
                     self.free_row(row)?;
