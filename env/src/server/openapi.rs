@@ -319,6 +319,11 @@ fn contract(doc: &mut Value, auth: bool) {
             step_request(step);
         }
     }
+    // As OpenEnv's, `POST /reset` takes an empty body (a random task).
+    if let Some(body) = doc.pointer_mut("/paths/~1reset/post/requestBody") {
+        body["required"] = json!(false);
+    }
+    session_links(doc);
     if let Some(mcp) = doc.pointer_mut("/paths/~1mcp/post") {
         mcp["requestBody"] = json!({
             "description": "A JSON-RPC 2.0 request: `{\"jsonrpc\": \"2.0\", \"method\", \"params\"?, \"id\"?}`. \
@@ -331,6 +336,37 @@ fn contract(doc: &mut Value, auth: bool) {
     }
     if auth {
         declare_bearer(doc);
+    }
+}
+
+/// Links from a reset's or step's session to the operations that use it (`metadata.session_id`
+/// into `/step`, `/state` and `/reset`), so clients and fuzzers can follow a session.
+fn session_links(doc: &mut Value) {
+    let id = "$response.body#/metadata/session_id";
+    let links = json!({
+        "step": {
+            "operationId": "step",
+            "requestBody": {"session_id": id},
+            "description": "A turn in the session: `session_id` is `metadata.session_id`.",
+        },
+        "state": {
+            "operationId": "state",
+            "parameters": {"session_id": id},
+            "description": "The session's state.",
+        },
+        "reset": {
+            "operationId": "reset",
+            "requestBody": {"session_id": id},
+            "description": "A new episode in the same session.",
+        },
+    });
+    for path in [
+        "/paths/~1reset/post/responses/200",
+        "/paths/~1step/post/responses/200",
+    ] {
+        if let Some(response) = doc.pointer_mut(path) {
+            response["links"] = links.clone();
+        }
     }
 }
 
