@@ -2,19 +2,21 @@
 //! catch what leaks (memory, descriptors, worker processes) rather than to measure peak speed.
 //!
 //! ```text
-//! cargo bench -p fathom-env --bench server_soak -- [--episodes 2000] [--clients 8] [--warmup 80]
-//!     [--max-seconds 900] [--rss-margin-mib 16] [--fd-margin 2]
+//! cargo bench -p fathom-env --bench server_soak -- [--episodes 2000] [--clients 8] [--warmup 400]
+//!     [--rounds 4] [--max-seconds 900] [--rss-margin-mib 8] [--fd-margin 2]
 //! ```
 //!
 //! The server runs in a child process (this binary, re-run with `--serve-child`) on
 //! 127.0.0.1, with 32 session slots and the passage reader as its sub-LM, so its resident
 //! memory (RSS), open descriptors and worker processes can be read from `/proc` apart from
 //! the clients'. `--clients` threads each hold one WebSocket session ([`RemoteEnv`]) and run
-//! the scripted expert on the eval split. First `--warmup` episodes run and every session is
-//! closed; the server's RSS, descriptors and children are then read once they have settled
-//! (the **start**); then `--episodes` episodes run, every session is closed, and the same
-//! figures are read again (the **end**). Printed: episodes/s, step and reset latency (p50,
-//! p99, as the client sees them), and the three figures at start and end.
+//! the scripted expert on the eval split. First `--warmup` episodes run (long enough for the
+//! allocator's high-water mark to settle: in a run started after 80 episodes, RSS rose for
+//! about 1000 more and then levelled off) and every session is closed; the server's RSS, descriptors and children are then read once they have settled
+//! (the **start**); then `--episodes` episodes run in `--rounds` equal rounds, after each of
+//! which every session is closed and the same figures are read again (the last is the
+//! **end**; the rounds show whether growth levels off or keeps on). Printed: episodes/s, step
+//! and reset latency (p50, p99, as the client sees them), and the figures after each round.
 //!
 //! The run fails (exit status 1) if any episode fails, if `--max-seconds` (a bound on the
 //! measured episodes) runs out first, if RSS grows by more than `--rss-margin-mib` MiB, or if
@@ -41,6 +43,7 @@ struct Args {
     episodes: usize,
     clients: usize,
     warmup: usize,
+    rounds: usize,
     max_seconds: u64,
     rss_margin_mib: f64,
     fd_margin: usize,
@@ -50,9 +53,10 @@ fn args() -> Args {
     let mut a = Args {
         episodes: 2000,
         clients: 8,
-        warmup: 80,
+        warmup: 400,
+        rounds: 4,
         max_seconds: 900,
-        rss_margin_mib: 16.0,
+        rss_margin_mib: 8.0,
         fd_margin: 2,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -67,6 +71,7 @@ fn args() -> Args {
             "--episodes" => a.episodes = value(i) as usize,
             "--clients" => a.clients = value(i) as usize,
             "--warmup" => a.warmup = value(i) as usize,
+            "--rounds" => a.rounds = value(i) as usize,
             "--max-seconds" => a.max_seconds = value(i) as u64,
             "--rss-margin-mib" => a.rss_margin_mib = value(i),
             "--fd-margin" => a.fd_margin = value(i) as usize,
@@ -79,8 +84,8 @@ fn args() -> Args {
         i += 2;
     }
     assert!(
-        a.clients > 0 && a.episodes > 0,
-        "--clients and --episodes must be positive"
+        a.clients > 0 && a.episodes > 0 && a.rounds > 0,
+        "--clients, --episodes and --rounds must be positive"
     );
     a
 }
@@ -250,20 +255,24 @@ fn episode(env: &mut RemoteEnv, index: usize, tally: &Mutex<Tally>) {
 }
 
 /// Runs `episodes` episodes on `clients` threads (each its own session, closed at the end),
-/// none started after `budget`; returns the tally and the wall time.
-fn run(pool: &ServerPool, clients: usize, episodes: usize, budget: Duration) -> (Tally, f64) {
+/// none started after `deadline`, adding to `tally`.
+fn run(
+    pool: &ServerPool,
+    clients: usize,
+    episodes: usize,
+    deadline: Instant,
+    tally: &Arc<Mutex<Tally>>,
+) {
     let next = Arc::new(AtomicUsize::new(0));
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let started = Instant::now();
     let threads: Vec<_> = (0..clients)
         .map(|_| {
-            let (pool, next, tally) = (pool.clone(), Arc::clone(&next), Arc::clone(&tally));
+            let (pool, next, tally) = (pool.clone(), Arc::clone(&next), Arc::clone(tally));
             std::thread::spawn(move || {
                 let mut env = RemoteEnv::new(pool);
                 let split_len = tasks::split_len(Split::Eval);
                 loop {
                     let n = next.fetch_add(1, Ordering::SeqCst);
-                    if n >= episodes || started.elapsed() > budget {
+                    if n >= episodes || Instant::now() > deadline {
                         break;
                     }
                     episode(&mut env, n % split_len, &tally);
@@ -275,9 +284,6 @@ fn run(pool: &ServerPool, clients: usize, episodes: usize, budget: Duration) -> 
     for t in threads {
         t.join().expect("client thread");
     }
-    let wall = started.elapsed().as_secs_f64();
-    let tally = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
-    (tally, wall)
 }
 
 /// Sessions the server has open (`GET /sessions`, over a raw HTTP/1.1 request).
@@ -340,23 +346,29 @@ fn main() {
     let pool = ServerPool::new(&[format!("ws://{addr}")]).expect("pool");
     let launched = settled(pid);
 
-    let (warm, _) = run(
-        &pool,
-        args.clients,
-        args.warmup,
-        Duration::from_secs(args.max_seconds),
-    );
+    let warm = Arc::new(Mutex::new(Tally::default()));
+    let far = Instant::now() + Duration::from_secs(args.max_seconds);
+    run(&pool, args.clients, args.warmup, far, &warm);
     wait_no_sessions(&addr);
     let start = settled(pid);
+    let warm = std::mem::take(&mut *warm.lock().unwrap_or_else(|p| p.into_inner()));
 
-    let (t, wall) = run(
-        &pool,
-        args.clients,
-        args.episodes,
-        Duration::from_secs(args.max_seconds),
-    );
-    wait_no_sessions(&addr);
-    let end = settled(pid);
+    // The measured episodes, in rounds; --max-seconds bounds them all.
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
+    let mut rounds = Vec::new();
+    let mut wall = 0.0;
+    for round in 0..args.rounds {
+        let n = args.episodes * (round + 1) / args.rounds - args.episodes * round / args.rounds;
+        let t0 = Instant::now();
+        run(&pool, args.clients, n, deadline, &tally);
+        wall += t0.elapsed().as_secs_f64();
+        wait_no_sessions(&addr);
+        let done = tally.lock().unwrap_or_else(|p| p.into_inner()).episodes;
+        rounds.push((done, settled(pid)));
+    }
+    let end = rounds.last().map_or(start, |r| r.1);
+    let t = std::mem::take(&mut *tally.lock().unwrap_or_else(|p| p.into_inner()));
 
     drop(child.stdin.take());
     let stopped = Instant::now();
@@ -399,14 +411,22 @@ fn main() {
     println!();
     println!("| server | RSS (MiB) | open fds | worker processes |");
     println!("| --- | --- | --- | --- |");
-    for (when, f) in [
-        ("launched", launched),
+    let mut rows = vec![
+        ("launched".to_string(), launched),
         (
-            &format!("start (after {} warm-up episodes)", warm.episodes) as &str,
+            format!("start (after {} warm-up episodes)", warm.episodes),
             start,
         ),
-        (&format!("end (after {} episodes)", t.episodes), end),
-    ] {
+    ];
+    for (i, (done, f)) in rounds.iter().enumerate() {
+        let when = if i + 1 == rounds.len() {
+            "end"
+        } else {
+            "round"
+        };
+        rows.push((format!("{when} (after {done} episodes)"), *f));
+    }
+    for (when, f) in rows {
         println!("| {when} | {:.1} | {} | {} |", f.rss_mib, f.fds, f.children);
     }
 
