@@ -14,7 +14,7 @@
 //! | `POST /step` | one turn in an HTTP session (`session_id` required) |
 //! | `GET /state` | `?session_id=…`: that session's state; without: an empty state |
 //! | `POST /mcp` | JSON-RPC: `openenv/session/create`, `openenv/session/close`; tools: none |
-//! | `GET /sessions` | `{"active_sessions", "max_sessions"}` |
+//! | `GET /sessions` | `{"active_sessions", "max_sessions", "client_sessions", "max_sessions_per_client"}` |
 //! | `GET /ws` | the WebSocket session OpenEnv's client speaks (`?session_id=` attaches) |
 //!
 //! `/openapi.json` states exactly what the server enforces: the bounds of every number, which
