@@ -109,7 +109,7 @@ pub(crate) async fn require_token(
     } else {
         "this server needs an access token: send Authorization: Bearer <token>"
     };
-    tracing::info!(path = %request.uri().path(), "refused a request without the access token");
+    tracing::debug!(path = %request.uri().path(), "refused a request without the access token");
     let mut response = ApiError::Status(StatusCode::UNAUTHORIZED, why.to_string()).into_response();
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,

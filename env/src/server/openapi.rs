@@ -238,72 +238,6 @@ fn rewrite_refs(v: Value) -> Value {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn openapi_has_the_simulation_routes_and_a_version() {
-        let doc = document(false);
-        assert_eq!(doc["info"]["version"], "1.0.0");
-        for path in [
-            "/reset",
-            "/step",
-            "/state",
-            "/health",
-            "/metadata",
-            "/schema",
-            "/mcp",
-        ] {
-            assert!(doc["paths"].get(path).is_some(), "{path} missing");
-        }
-    }
-
-    #[test]
-    fn schemas_are_self_contained() {
-        let s = json_schemas();
-        for key in ["action", "observation", "state"] {
-            let mut refs = Vec::new();
-            let text = s[key].to_string();
-            assert!(!text.contains(PREFIX), "{key} still points at components");
-            find_refs(&s[key], &mut refs);
-            for r in text.split("\"#/$defs/").skip(1) {
-                let name = r.split('"').next().unwrap();
-                assert!(
-                    s[key]["$defs"].get(name).is_some(),
-                    "{key}: $defs lacks {name}"
-                );
-            }
-        }
-        let props = &s["observation"]["properties"];
-        for field in [
-            "messages",
-            "text",
-            "score",
-            "trajectory",
-            "step",
-            "end_reason",
-        ] {
-            assert!(props.get(field).is_some(), "observation lacks {field}");
-        }
-        assert!(s["action"]["properties"].get("code").is_some());
-        assert_eq!(s["action"]["additionalProperties"], json!(false));
-    }
-
-    #[test]
-    fn record_schemas_are_closed() {
-        let doc = document(false);
-        for name in CLOSED_RECORDS {
-            let schema = &doc["components"]["schemas"][name];
-            assert!(
-                schema["properties"].is_object(),
-                "{name} is not an object schema"
-            );
-            assert_eq!(schema["additionalProperties"], json!(false), "{name}");
-        }
-    }
-}
-
 /// Writes into `doc` what the derived schemas cannot say (see the module docs).
 fn contract(doc: &mut Value, auth: bool) {
     if let Some(schemas) = doc
@@ -618,6 +552,150 @@ fn declare_bearer(doc: &mut Value) {
                 "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
                 "content": {"application/json": {"schema": {"$ref": format!("{PREFIX}ErrorBody")}}},
             });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openapi_has_the_simulation_routes_and_a_version() {
+        let doc = document(false);
+        assert_eq!(doc["info"]["version"], "1.0.0");
+        for path in [
+            "/reset",
+            "/step",
+            "/state",
+            "/health",
+            "/metadata",
+            "/schema",
+            "/mcp",
+        ] {
+            assert!(doc["paths"].get(path).is_some(), "{path} missing");
+        }
+    }
+
+    #[test]
+    fn schemas_are_self_contained() {
+        let s = json_schemas();
+        for key in ["action", "observation", "state"] {
+            let mut refs = Vec::new();
+            let text = s[key].to_string();
+            assert!(!text.contains(PREFIX), "{key} still points at components");
+            find_refs(&s[key], &mut refs);
+            for r in text.split("\"#/$defs/").skip(1) {
+                let name = r.split('"').next().unwrap();
+                assert!(
+                    s[key]["$defs"].get(name).is_some(),
+                    "{key}: $defs lacks {name}"
+                );
+            }
+        }
+        let props = &s["observation"]["properties"];
+        for field in [
+            "messages",
+            "text",
+            "score",
+            "trajectory",
+            "step",
+            "end_reason",
+        ] {
+            assert!(props.get(field).is_some(), "observation lacks {field}");
+        }
+        assert!(s["action"]["properties"].get("code").is_some());
+        assert_eq!(s["action"]["additionalProperties"], json!(false));
+    }
+
+    #[test]
+    fn the_contract_is_written_in() {
+        let doc = document(false);
+        let action = &doc["components"]["schemas"]["Action"];
+        assert_eq!(action["oneOf"].as_array().unwrap().len(), 4);
+        let reset = &doc["components"]["schemas"]["ResetRequest"];
+        let titles: Vec<&str> = reset["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["title"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            titles,
+            [
+                "random",
+                "seed",
+                "split train",
+                "split eval",
+                "split heldout",
+                "task",
+                "context"
+            ]
+        );
+        assert_eq!(
+            reset["oneOf"][3]["properties"]["index"]["maximum"],
+            json!(199)
+        );
+        assert_eq!(reset["properties"]["llm"]["enum"], json!(["server", null]));
+        let step = &doc["components"]["schemas"]["StepRequest"];
+        assert_eq!(step["required"], json!(["action", "session_id"]));
+        assert_eq!(
+            step["properties"]["timeout_s"]["exclusiveMinimum"],
+            json!(0)
+        );
+        assert_eq!(
+            doc["paths"]["/reset"]["post"]["requestBody"]["required"],
+            json!(false)
+        );
+        assert_eq!(
+            doc["paths"]["/mcp"]["post"]["requestBody"]["content"]["application/json"]["schema"],
+            json!({})
+        );
+        assert!(doc["paths"]["/reset"]["post"]["responses"]["200"]["links"]["step"].is_object());
+        assert!(doc["components"].get("securitySchemes").is_none());
+        assert!(doc["paths"]["/reset"]["post"]["responses"]["401"].is_null());
+        // Every integer has both bounds.
+        fn unbounded(v: &Value) -> usize {
+            match v {
+                Value::Object(m) => {
+                    let t = m.get("type");
+                    let integer = t.is_some_and(|t| {
+                        t == "integer"
+                            || t.as_array().is_some_and(|t| t.contains(&json!("integer")))
+                    });
+                    let own = integer && !(m.contains_key("minimum") && m.contains_key("maximum"));
+                    usize::from(own) + m.values().map(unbounded).sum::<usize>()
+                }
+                Value::Array(items) => items.iter().map(unbounded).sum(),
+                _ => 0,
+            }
+        }
+        assert_eq!(unbounded(&doc), 0);
+
+        let doc = document(true);
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"]["type"],
+            "http"
+        );
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for op in item.as_object().unwrap().values() {
+                let guarded = op["responses"].get("401").is_some();
+                assert_eq!(guarded, path != "/health", "{path}");
+                assert_eq!(op.get("security").is_some(), path != "/health", "{path}");
+            }
+        }
+    }
+
+    #[test]
+    fn record_schemas_are_closed() {
+        let doc = document(false);
+        for name in CLOSED_RECORDS {
+            let schema = &doc["components"]["schemas"][name];
+            assert!(
+                schema["properties"].is_object(),
+                "{name} is not an object schema"
+            );
+            assert_eq!(schema["additionalProperties"], json!(false), "{name}");
         }
     }
 }

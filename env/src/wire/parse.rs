@@ -197,9 +197,9 @@ fn integral_floats_to_integers(value: &mut serde_json::Value) {
                 && f.fract() == 0.0
             {
                 // Casts saturate: only values that survive the round trip are exact.
-                if f >= 0.0 && f < 18_446_744_073_709_551_616.0 {
+                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
                     *value = Value::from(f as u64);
-                } else if f < 0.0 && f >= -9_223_372_036_854_775_808.0 {
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
                     *value = Value::from(f as i64);
                 }
             }
