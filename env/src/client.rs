@@ -12,7 +12,9 @@
 //! [`RemoteEnv::with_sub_lm`]: then episodes are reset with `"llm": "client"` and each call
 //! comes back over the socket to be answered locally (by the trainer's policy), so remote
 //! rollouts see the same sub-LM as local ones. Plain URLs only (`ws://` or `http://`): put a
-//! TLS-terminating proxy in front of servers reached over untrusted networks.
+//! TLS-terminating proxy in front of servers reached over untrusted networks. A server started
+//! with an access token needs [`ClientConfig::token`], sent as `Authorization: Bearer …` when
+//! each session's WebSocket opens.
 
 use std::io::ErrorKind;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -21,6 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fathom_rewards::record::Trajectory;
+use tungstenite::client::IntoClientRequest;
+use tungstenite::http::HeaderValue;
 use tungstenite::protocol::WebSocketConfig;
 use tungstenite::{Message, WebSocket};
 
@@ -45,6 +49,9 @@ pub enum ClientError {
     /// The pool has no URLs.
     #[error("the server pool is empty")]
     NoServers,
+    /// The configured token cannot be sent in a header.
+    #[error("the access token must be non-empty visible ASCII (no spaces or control characters)")]
+    BadToken,
     /// No server in the pool accepted a session.
     #[error("no server accepted a session: {}", .0.join("; "))]
     NoServerAvailable(Vec<String>),
@@ -138,8 +145,8 @@ impl Server {
     }
 }
 
-/// Timeouts and sizes of client connections.
-#[derive(Clone, Debug, PartialEq)]
+/// Timeouts, sizes and the access token of client connections.
+#[derive(Clone, PartialEq)]
 pub struct ClientConfig {
     /// Connecting and the WebSocket handshake.
     pub connect_timeout: Duration,
@@ -147,16 +154,30 @@ pub struct ClientConfig {
     pub message_timeout: Duration,
     /// Largest message accepted from a server.
     pub max_message_bytes: usize,
+    /// The servers' access token, sent as `Authorization: Bearer <token>`; `None` sends none.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("message_timeout", &self.message_timeout)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
     /// 10 s to connect, 180 s per answer (longer than the server's default step limit),
-    /// 64 MiB messages.
+    /// 64 MiB messages, no token.
     fn default() -> ClientConfig {
         ClientConfig {
             connect_timeout: Duration::from_secs(10),
             message_timeout: Duration::from_secs(180),
             max_message_bytes: 64 << 20,
+            token: None,
         }
     }
 }
@@ -181,13 +202,18 @@ impl ServerPool {
         ServerPool::with_config(urls, ClientConfig::default())
     }
 
-    /// A pool over `urls` with the given timeouts.
+    /// A pool over `urls` with the given timeouts and token.
     pub fn with_config<S: AsRef<str>>(
         urls: &[S],
         config: ClientConfig,
     ) -> Result<ServerPool, ClientError> {
         if urls.is_empty() {
             return Err(ClientError::NoServers);
+        }
+        if let Some(token) = &config.token
+            && (token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(ClientError::BadToken);
         }
         let servers = urls
             .iter()
@@ -488,12 +514,31 @@ fn open(server: &Server, config: &ClientConfig) -> Result<WebSocket<TcpStream>, 
         let ws_config = WebSocketConfig::default()
             .max_message_size(Some(config.max_message_bytes))
             .max_frame_size(Some(config.max_message_bytes));
-        let (socket, _) = tungstenite::client::client_with_config(
-            server.ws_url.as_str(),
-            stream,
-            Some(ws_config),
-        )
-        .map_err(|e| fail(format!("WebSocket handshake: {e}")))?;
+        let mut request = server
+            .ws_url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| fail(format!("WebSocket request: {e}")))?;
+        if let Some(token) = &config.token {
+            let value = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| ClientError::BadToken)?;
+            request.headers_mut().insert("authorization", value);
+        }
+        let (socket, _) = tungstenite::client::client_with_config(request, stream, Some(ws_config))
+            .map_err(|e| match e {
+                tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response))
+                    if response.status() == 401 =>
+                {
+                    fail(if config.token.is_some() {
+                        "the server refused the access token (401): check ClientConfig::token"
+                            .to_string()
+                    } else {
+                        "the server needs an access token (401): set ClientConfig::token"
+                            .to_string()
+                    })
+                }
+                e => fail(format!("WebSocket handshake: {e}")),
+            })?;
         socket
             .get_ref()
             .set_read_timeout(Some(config.message_timeout))

@@ -3,7 +3,11 @@
 //!
 //! ```text
 //! cargo xtask serve [--host 127.0.0.1] [--port 8000] [--max-sessions 32] [--recipe FILE] …
+//!                   [--token-file F] [--max-client-share 1.0]
 //! ```
+//!
+//! With `--token-file F` (or `FATHOM_SERVE_TOKEN` in the environment) clients must send
+//! `Authorization: Bearer <token>`; a non-loopback `--host` without one is warned about.
 //!
 //! No model is loaded: `llm()` calls are answered by the scripted passage reader (`--sub-lm
 //! reader`, the default) or by a fixed notice (`--sub-lm none`), unless a WebSocket client
@@ -19,7 +23,7 @@ use anyhow::{Context, bail};
 use fathom_env::env::{EnvConfig, Services};
 use fathom_env::expert::PassageReader;
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
-use fathom_env::server::{EnvServer, ServerConfig};
+use fathom_env::server::{AccessToken, EnvServer, ServerConfig};
 use fathom_env::sublm::{FixedSubLm, SubLm};
 use fathom_rewards::{RewardRegistry, RewardsConfig, rewards_from_recipe};
 
@@ -77,6 +81,33 @@ pub struct ServeArgs {
     /// A recipe whose top-level `rewards` field configures the reward (default: DESIGN §5).
     #[arg(long)]
     recipe: Option<std::path::PathBuf>,
+    /// A file holding the access token clients must send as `Authorization: Bearer <token>`
+    /// (surrounding whitespace ignored). Or set FATHOM_SERVE_TOKEN; not both.
+    #[arg(long)]
+    token_file: Option<std::path::PathBuf>,
+    /// The share of --max-sessions one client address may hold, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    max_client_share: f64,
+}
+
+/// The environment variable that may hold the access token.
+const TOKEN_VAR: &str = "FATHOM_SERVE_TOKEN";
+
+/// The access token from `--token-file` or `FATHOM_SERVE_TOKEN`, if either is given.
+fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<AccessToken>> {
+    let var = std::env::var(TOKEN_VAR).ok().filter(|v| !v.is_empty());
+    let (text, source) = match (file, var) {
+        (Some(_), Some(_)) => bail!("give the token one way: --token-file or {TOKEN_VAR}, not both"),
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the token file {}", path.display()))?;
+            (text, path.display().to_string())
+        }
+        (None, Some(text)) => (text, TOKEN_VAR.to_string()),
+        (None, None) => return Ok(None),
+    };
+    let token = AccessToken::new(&text).with_context(|| format!("the access token in {source}"))?;
+    Ok(Some(token))
 }
 
 /// Starts the server and blocks until it is stopped.
@@ -94,6 +125,10 @@ pub fn run(args: ServeArgs, worker: WorkerCommand) -> anyhow::Result<()> {
             bail!("{name} must be positive");
         }
     }
+    if !(args.max_client_share > 0.0 && args.max_client_share <= 1.0) {
+        bail!("--max-client-share must be in (0, 1]");
+    }
+    let token = read_token(args.token_file.as_deref())?;
     if args.memory_mb < 64 {
         bail!("--memory-mb must be at least 64 (the interpreter needs that much)");
     }
@@ -129,6 +164,8 @@ pub fn run(args: ServeArgs, worker: WorkerCommand) -> anyhow::Result<()> {
         idle_timeout: Duration::from_secs(args.idle_timeout_s),
         step_timeout: Duration::from_secs(args.step_timeout_s),
         llm_timeout: Duration::from_secs(args.llm_timeout_s),
+        max_client_share: args.max_client_share,
+        token,
         ..ServerConfig::default()
     };
     let addr = SocketAddr::new(args.host, args.port);

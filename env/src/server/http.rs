@@ -2,22 +2,30 @@
 //! sessions. Bodies are read with the configured size limit and parsed strictly; errors are
 //! FastAPI-shaped JSON (`{"detail": [{"loc", "msg", "type"}]}` for 422, `{"detail": "…"}`
 //! otherwise), so OpenEnv tooling reads them as it reads OpenEnv's own.
+//!
+//! Every status a route can answer is listed in its `utoipa::path` (401 is added to every
+//! route but `/health` by the document when a token is configured); the schemathesis test
+//! checks that the server answers nothing else.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::episode::{EnvSession, SessionError};
-use super::sessions::{Capacity, Kind};
-use super::{App, RunError, fresh, fresh_id, joined, spawn_env};
-use crate::wire::{self, FieldError, LlmMode, ResetParams, StateBody, StepParams, StepResponse};
+use super::sessions::{Kind, Refusal};
+use super::{App, RunError, client_ip, fresh, fresh_id, joined, spawn_env};
+use crate::wire::{
+    self, FieldError, LlmMode, MAX_REQUEST_ID_CHARS, ResetParams, StateBody, StepParams,
+    StepResponse,
+};
 
 /// An HTTP error response.
 #[derive(Debug)]
@@ -74,9 +82,13 @@ impl From<SessionError> for ApiError {
     }
 }
 
-impl From<Capacity> for ApiError {
-    fn from(c: Capacity) -> ApiError {
-        ApiError::Status(StatusCode::SERVICE_UNAVAILABLE, c.to_string())
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        let status = match r {
+            Refusal::Full { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::ClientShare { .. } => StatusCode::TOO_MANY_REQUESTS,
+        };
+        ApiError::Status(status, r.to_string())
     }
 }
 
@@ -159,6 +171,10 @@ pub struct CapacityBody {
     pub active_sessions: usize,
     /// Sessions allowed.
     pub max_sessions: usize,
+    /// Sessions held by the address that asked.
+    pub client_sessions: usize,
+    /// Sessions one client address may hold.
+    pub max_sessions_per_client: usize,
 }
 
 /// `GET /schema`.
@@ -215,11 +231,16 @@ pub(crate) async fn openapi(State(app): State<Arc<App>>) -> Response {
 
 /// Sessions open and allowed.
 #[utoipa::path(get, path = "/sessions", tag = "Health", responses((status = 200, body = CapacityBody)))]
-pub(crate) async fn sessions(State(app): State<Arc<App>>) -> Json<CapacityBody> {
+pub(crate) async fn sessions(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> Json<CapacityBody> {
     let (active_sessions, max_sessions) = app.registry.counts();
     Json(CapacityBody {
         active_sessions,
         max_sessions,
+        client_sessions: app.registry.held_by(client_ip(peer)),
+        max_sessions_per_client: app.config.max_sessions_per_client(),
     })
 }
 
@@ -228,15 +249,20 @@ pub(crate) async fn sessions(State(app): State<Arc<App>>) -> Json<CapacityBody> 
     post, path = "/reset", tag = "Environment Control", request_body = ResetParams,
     responses(
         (status = 200, description = "The first observation; `metadata.session_id` names the session", body = StepResponse),
+        (status = 400, description = "The body could not be read (the connection failed)", body = ErrorBody),
         (status = 404, description = "Unknown session_id", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 409, description = "A step is already running in session_id", body = ErrorBody),
+        (status = 413, description = "Body larger than the server's limit", body = ErrorBody),
         (status = 422, description = "Invalid request, naming the field", body = ValidationErrorBody),
-        (status = 503, description = "Server at capacity, or no sandbox worker", body = ErrorBody),
-        (status = 504, description = "The reset ran past the step limit", body = ErrorBody),
+        (status = 429, description = "This client's address already holds its share of the sessions", body = ErrorBody),
+        (status = 500, description = "The server failed (a bug)", body = ErrorBody),
+        (status = 503, description = "Server at capacity, or no sandbox worker (OpenEnv treats capacity as a server condition)", body = ErrorBody),
+        (status = 504, description = "The reset ran past the server's step limit; the session was ended", body = ErrorBody),
     )
 )]
 pub(crate) async fn reset(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Result<Json<StepResponse>, ApiError> {
     let bytes = read_body(req, app.config.max_body_bytes).await?;
@@ -260,7 +286,11 @@ pub(crate) async fn reset(
         ),
         None => {
             let env = EnvSession::new(app.services.clone(), Arc::clone(&app.composite));
-            (app.registry.open(fresh_id()?, Kind::Http, env)?, true)
+            let client = client_ip(peer);
+            (
+                app.registry.open(fresh_id()?, Kind::Http, env, client)?,
+                true,
+            )
         }
     };
     let id = cell.id.clone();
@@ -290,11 +320,14 @@ pub(crate) async fn reset(
     post, path = "/step", tag = "Environment Control", request_body = StepParams,
     responses(
         (status = 200, description = "The observation after the turn", body = StepResponse),
+        (status = 400, description = "The body could not be read (the connection failed)", body = ErrorBody),
         (status = 404, description = "Unknown session_id", body = ErrorBody),
         (status = 409, description = "No episode, episode over, or a step already running", body = ErrorBody),
-        (status = 413, description = "Body too large", body = ErrorBody),
+        (status = 413, description = "Body larger than the server's limit", body = ErrorBody),
         (status = 422, description = "Invalid request, naming the field", body = ValidationErrorBody),
-        (status = 504, description = "The step ran past its limit; the session was ended", body = ErrorBody),
+        (status = 500, description = "The server failed (a bug), or the session broke in an earlier step", body = ErrorBody),
+        (status = 503, description = "The session's sandbox worker could not be restarted", body = ErrorBody),
+        (status = 504, description = "The step ran past its limit (the server's, or timeout_s); the session was ended", body = ErrorBody),
     )
 )]
 pub(crate) async fn step(
@@ -322,6 +355,14 @@ pub(crate) async fn step(
             )]));
         }
         limit = limit.min(Duration::from_secs_f64(t.min(1e9)));
+    }
+    if let Some(r) = &params.request_id
+        && r.chars().count() > MAX_REQUEST_ID_CHARS
+    {
+        return Err(ApiError::body(vec![FieldError::value(
+            &["request_id"],
+            format!("request_id must have at most {MAX_REQUEST_ID_CHARS} characters"),
+        )]));
     }
     let cell = app.registry.http(&id).ok_or_else(|| unknown_session(&id))?;
     cell.touch();
@@ -383,14 +424,24 @@ pub(crate) async fn state(
 /// JSON-RPC 2.0 (MCP). Errors are JSON-RPC errors with status 200, as in OpenEnv.
 #[utoipa::path(
     post, path = "/mcp", tag = "MCP", request_body(content = Object, description = "A JSON-RPC 2.0 request"),
-    responses((status = 200, description = "A JSON-RPC 2.0 response", body = Object))
+    responses(
+        (status = 200, description = "A JSON-RPC 2.0 response (errors too, as in OpenEnv)", body = Object),
+        (status = 400, description = "The body could not be read (the connection failed)", body = ErrorBody),
+        (status = 413, description = "Body larger than the server's limit", body = ErrorBody),
+    )
 )]
 pub(crate) async fn mcp(
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let bytes = read_body(req, app.config.max_body_bytes).await?;
-    Ok(Json(super::mcp::handle_bytes(&app, &bytes, None)))
+    Ok(Json(super::mcp::handle_bytes(
+        &app,
+        &bytes,
+        None,
+        client_ip(peer),
+    )))
 }
 
 /// Unknown routes.

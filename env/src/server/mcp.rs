@@ -4,6 +4,7 @@
 //! tools, so `tools/list` and `tools/call` answer OpenEnv's own error for such environments.
 //! Every failure is a JSON-RPC error object, never an HTTP error.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -11,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::episode::EnvSession;
-use super::sessions::Kind;
+use super::sessions::{Kind, Refusal};
 use super::{App, fresh_id};
 use crate::wire;
 
@@ -51,16 +52,22 @@ fn success(id: Option<&Value>, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id.cloned().unwrap_or(Value::Null), "result": result})
 }
 
-/// Answers a JSON-RPC request given as bytes (`POST /mcp`).
-pub(crate) fn handle_bytes(app: &App, bytes: &[u8], current: Option<&str>) -> Value {
+/// Answers a JSON-RPC request given as bytes (`POST /mcp`) from `client`.
+pub(crate) fn handle_bytes(
+    app: &App,
+    bytes: &[u8],
+    current: Option<&str>,
+    client: IpAddr,
+) -> Value {
     match serde_json::from_slice::<Value>(bytes) {
-        Ok(v) => handle(app, v, current),
+        Ok(v) => handle(app, v, current, client),
         Err(e) => error(None, PARSE_ERROR, format!("Parse error: {e}"), None),
     }
 }
 
-/// Answers a JSON-RPC request; `current` is the WebSocket session it came through, if any.
-pub(crate) fn handle(app: &App, request: Value, current: Option<&str>) -> Value {
+/// Answers a JSON-RPC request from `client`; `current` is the WebSocket session it came
+/// through, if any.
+pub(crate) fn handle(app: &App, request: Value, current: Option<&str>, client: IpAddr) -> Value {
     let id = request.get("id").cloned();
     let req: RpcRequest = match wire::from_value(request) {
         Ok(r) => r,
@@ -103,17 +110,31 @@ pub(crate) fn handle(app: &App, request: Value, current: Option<&str>) -> Value 
                 Ok(s) => s,
                 Err(e) => return error(id, INTERNAL_ERROR, e.to_string(), None),
             };
-            match app.registry.open(session_id, Kind::Http, env) {
+            match app.registry.open(session_id, Kind::Http, env, client) {
                 Ok(cell) => {
                     tracing::info!(session = %cell.id, "HTTP session opened over MCP");
                     success(id, json!({"session_id": cell.id}))
                 }
-                Err(full) => error(
-                    id,
-                    SERVER_ERROR,
-                    full.to_string(),
-                    Some(json!({"active_sessions": full.active, "max_sessions": full.max})),
-                ),
+                Err(refusal) => {
+                    let data = match refusal {
+                        Refusal::Full { active, max } => {
+                            json!({"active_sessions": active, "max_sessions": max})
+                        }
+                        Refusal::ClientShare {
+                            held,
+                            max,
+                            active,
+                            total,
+                            ..
+                        } => json!({
+                            "active_sessions": active,
+                            "max_sessions": total,
+                            "client_sessions": held,
+                            "max_sessions_per_client": max,
+                        }),
+                    };
+                    error(id, SERVER_ERROR, refusal.to_string(), Some(data))
+                }
             }
         }
         "openenv/session/close" => {

@@ -14,19 +14,27 @@
 //! | `POST /step` | one turn in an HTTP session (`session_id` required) |
 //! | `GET /state` | `?session_id=…`: that session's state; without: an empty state |
 //! | `POST /mcp` | JSON-RPC: `openenv/session/create`, `openenv/session/close`; tools: none |
-//! | `GET /sessions` | `{"active_sessions", "max_sessions"}` |
+//! | `GET /sessions` | `{"active_sessions", "max_sessions", "client_sessions", "max_sessions_per_client"}` |
 //! | `GET /ws` | the WebSocket session OpenEnv's client speaks (`?session_id=` attaches) |
 //!
+//! `/openapi.json` states exactly what the server enforces: the bounds of every number, which
+//! fields go together (an action is exactly one of its kinds, a reset names its task one way),
+//! and every status each operation can answer; an outside fuzzer (schemathesis) checks it.
 //! The wire types are in [`crate::wire`]; the README's "Server" section describes the
 //! protocol end to end. Unlike OpenEnv's own HTTP routes, which build a fresh environment for
 //! every request (useless for a stateful REPL), `POST /reset` opens a session and returns its
 //! id in `metadata.session_id`; WebSocket clients need none of this.
 //!
-//! # Limits
+//! # Access and limits
+//!
+//! With [`ServerConfig::token`] set, every request but `GET /health` must carry
+//! `Authorization: Bearer <token>` or is answered 401 (a WebSocket before its upgrade); a
+//! server listening on a non-loopback address without one warns loudly when it starts.
 //!
 //! [`ServerConfig`] bounds the request body and WebSocket message size (413 / connection
 //! closed), the number of sessions (a full server answers `CAPACITY_REACHED` on the socket
-//! and 503 over HTTP, at once), the idle time of a session (WebSocket closed, HTTP session
+//! and 503 over HTTP, at once), the sessions one client address may hold (its share:
+//! `CAPACITY_REACHED` and 429), the idle time of a session (WebSocket closed, HTTP session
 //! reaped), and the wall-clock time of a reset or step including `llm()` calls (the session
 //! is ended; each cell is separately bounded by the sandbox's own limit). Every session has
 //! its own worker from the pool. Malformed JSON, unknown fields and wrong types are answered
@@ -39,6 +47,7 @@
 //! kills their workers; a step still running finishes its cell first (bounded by the cell
 //! limit) and its worker is killed when it returns.
 
+mod auth;
 mod episode;
 mod http;
 mod mcp;
@@ -47,7 +56,7 @@ mod sessions;
 mod ws;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -58,8 +67,9 @@ use fathom_rewards::Composite;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
+pub use auth::{AccessToken, TokenError};
 pub use episode::{EnvSession, Fresh, SessionError};
-pub use openapi::{ApiDoc, json_schemas};
+pub use openapi::{ApiDoc, document as openapi_document, json_schemas};
 
 use crate::env::Services;
 use crate::sublm::{SubLm, SubLmError};
@@ -80,11 +90,27 @@ pub struct ServerConfig {
     pub llm_timeout: Duration,
     /// How long shutdown waits for WebSocket sessions to close.
     pub shutdown_grace: Duration,
+    /// The share of `max_sessions` one client address may hold, in (0, 1]; at least one
+    /// session. 1 lets one client take every session.
+    pub max_client_share: f64,
+    /// The access token clients must present (`Authorization: Bearer …`); `None` serves
+    /// anyone who can reach the port.
+    pub token: Option<AccessToken>,
+}
+
+impl ServerConfig {
+    /// Sessions one client address may hold: `max_client_share × max_sessions`, rounded
+    /// down, at least 1.
+    pub fn max_sessions_per_client(&self) -> usize {
+        ((self.max_client_share * self.max_sessions as f64).floor() as usize)
+            .clamp(1, self.max_sessions.max(1))
+    }
 }
 
 impl Default for ServerConfig {
     /// 32 sessions, 16 MiB bodies, 5 minutes idle, 2 minutes per step, 1 minute per
-    /// client-answered `llm()` call, 5 seconds of shutdown grace.
+    /// client-answered `llm()` call, 5 seconds of shutdown grace, one client may hold every
+    /// session, no token.
     fn default() -> ServerConfig {
         ServerConfig {
             max_sessions: 32,
@@ -93,6 +119,8 @@ impl Default for ServerConfig {
             step_timeout: Duration::from_secs(120),
             llm_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(5),
+            max_client_share: 1.0,
+            token: None,
         }
     }
 }
@@ -106,6 +134,9 @@ pub enum ServerError {
         /// The field.
         field: &'static str,
     },
+    /// `max_client_share` is not in (0, 1].
+    #[error("server config: max_client_share must be in (0, 1], not {0}")]
+    ClientShare(f64),
     /// Binding or serving failed.
     #[error("server I/O on {addr}: {source}")]
     Io {
@@ -155,6 +186,10 @@ impl EnvServer {
                 return Err(ServerError::Config { field });
             }
         }
+        let share = config.max_client_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(ServerError::ClientShare(share));
+        }
         Ok(EnvServer {
             services,
             composite: Arc::new(composite),
@@ -178,20 +213,40 @@ impl EnvServer {
             .local_addr()
             .map_or_else(|_| "?".to_string(), |a| a.to_string());
         let (tx, rx) = watch::channel(false);
+        let exposed = listener.local_addr().is_ok_and(|a| !a.ip().is_loopback());
+        if exposed && self.config.token.is_none() {
+            tracing::warn!(
+                %addr,
+                "NO ACCESS TOKEN on a non-loopback address: anyone who can reach {addr} can open \
+                 sessions and run code in the sandbox. Set a token (xtask serve --token-file F, \
+                 or FATHOM_SERVE_TOKEN), or listen on 127.0.0.1."
+            );
+        }
+        let openapi_json = openapi::document_json(&self.config);
         let app = Arc::new(App {
-            registry: Registry::new(self.config.max_sessions),
+            registry: Registry::new(
+                self.config.max_sessions,
+                self.config.max_sessions_per_client(),
+            ),
             config: self.config,
             services: self.services,
             composite: self.composite,
             shutdown: rx,
             sockets: AtomicUsize::new(0),
-            openapi_json: openapi::document_json(),
+            openapi_json,
             schema_json: openapi::json_schemas(),
         });
         let reaper = tokio::spawn(reap(Arc::clone(&app)));
-        tracing::info!(%addr, max_sessions = app.config.max_sessions, "environment server listening");
+        tracing::info!(
+            %addr,
+            max_sessions = app.config.max_sessions,
+            max_sessions_per_client = app.config.max_sessions_per_client(),
+            token = app.config.token.is_some(),
+            "environment server listening"
+        );
         let signal = tx.clone();
-        let served = axum::serve(listener, router(Arc::clone(&app)))
+        let service = router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>();
+        let served = axum::serve(listener, service)
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 let _ = signal.send(true);
@@ -265,6 +320,10 @@ fn router(app: Arc<App>) -> Router {
         .route("/mcp", post(http::mcp))
         .route("/ws", get(ws::handler))
         .fallback(http::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            auth::require_token,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             http::panicked,
         ))
@@ -298,6 +357,15 @@ pub(crate) enum RunError {
     Broken,
     /// This step panicked.
     Panicked,
+}
+
+/// The address a session is charged to: IPv4-mapped IPv6 addresses count as the IPv4
+/// address they carry, so one client is one address whichever way it connected.
+pub(crate) fn client_ip(addr: SocketAddr) -> IpAddr {
+    match addr.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
 }
 
 /// Runs `f` on the session's environment on a blocking thread, recording the state after.

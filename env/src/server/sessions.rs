@@ -6,8 +6,13 @@
 //! MCP or reaped after the idle timeout; a WebSocket may attach to one with
 //! `/ws?session_id=…`, as in OpenEnv. The registry's lock is held only for map operations,
 //! never across a step: the environment has its own lock, taken on a blocking thread.
+//!
+//! Every session is charged to the address of the client that opened it, and one address may
+//! hold at most its share of the sessions ([`Refusal::ClientShare`]), so a single client cannot
+//! take every session for the idle timeout.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
@@ -30,6 +35,8 @@ pub struct SessionCell {
     pub id: String,
     /// Who owns it.
     pub kind: Kind,
+    /// The address of the client that opened it (charged against that client's share).
+    pub client: IpAddr,
     /// The environment (locked on a blocking thread for the length of a reset or step).
     pub env: Mutex<EnvSession>,
     /// The state after the last reset or step, readable while a step runs.
@@ -67,49 +74,85 @@ impl SessionCell {
     }
 }
 
-/// The server is full.
+/// Why a session was not opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("Server at capacity: {active}/{max} sessions active. Cannot accept new connections.")]
-pub struct Capacity {
-    /// Sessions open.
-    pub active: usize,
-    /// Sessions allowed.
-    pub max: usize,
+pub enum Refusal {
+    /// The server holds as many sessions as it allows.
+    #[error("Server at capacity: {active}/{max} sessions active. Cannot accept new connections.")]
+    Full {
+        /// Sessions open.
+        active: usize,
+        /// Sessions allowed.
+        max: usize,
+    },
+    /// This client's address already holds its share of the sessions.
+    #[error(
+        "Client {client} holds {held} of the {max} sessions it may hold on this server \
+         ({active}/{total} open in all); close one before opening another"
+    )]
+    ClientShare {
+        /// The client's address.
+        client: IpAddr,
+        /// Sessions it holds.
+        held: usize,
+        /// Sessions one address may hold.
+        max: usize,
+        /// Sessions open in all.
+        active: usize,
+        /// Sessions allowed in all.
+        total: usize,
+    },
 }
 
 /// All open sessions.
 pub struct Registry {
     max: usize,
+    per_client: usize,
     sessions: Mutex<HashMap<String, Arc<SessionCell>>>,
 }
 
 impl Registry {
-    /// An empty registry allowing `max` sessions.
-    pub fn new(max: usize) -> Registry {
+    /// An empty registry allowing `max` sessions, at most `per_client` of them to one address.
+    pub fn new(max: usize, per_client: usize) -> Registry {
         Registry {
             max,
+            per_client,
             sessions: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Opens a session, or says the server is full.
+    /// Opens a session for `client`, or says why not: the server is full (checked first), or
+    /// the client holds its share.
     pub fn open(
         &self,
         id: String,
         kind: Kind,
         env: EnvSession,
-    ) -> Result<Arc<SessionCell>, Capacity> {
+        client: IpAddr,
+    ) -> Result<Arc<SessionCell>, Refusal> {
         let mut sessions = lock(&self.sessions);
-        if sessions.len() >= self.max {
-            return Err(Capacity {
-                active: sessions.len(),
+        let active = sessions.len();
+        let held = sessions.values().filter(|c| c.client == client).count();
+        if active >= self.max {
+            return Err(Refusal::Full {
+                active,
                 max: self.max,
+            });
+        }
+        if held >= self.per_client {
+            return Err(Refusal::ClientShare {
+                client,
+                held,
+                max: self.per_client,
+                active,
+                total: self.max,
             });
         }
         let state = env.state();
         let cell = Arc::new(SessionCell {
             id: id.clone(),
             kind,
+            client,
             env: Mutex::new(env),
             state: Mutex::new(state),
             last_active: Mutex::new(Instant::now()),
@@ -153,6 +196,14 @@ impl Registry {
             .map(|c| c.id.clone())
             .collect();
         stale.iter().filter_map(|id| sessions.remove(id)).collect()
+    }
+
+    /// Sessions held by `client`.
+    pub fn held_by(&self, client: IpAddr) -> usize {
+        lock(&self.sessions)
+            .values()
+            .filter(|c| c.client == client)
+            .count()
     }
 
     /// Removes every session (at shutdown).

@@ -10,20 +10,22 @@
 //! shutdown, and — for sessions reset with `"llm": "client"` — the `llm()` calls to forward
 //! to the client as `llm` messages, answered by `llm_result`.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{RawQuery, State};
+use axum::extract::{ConnectInfo, RawQuery, State};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::episode::EnvSession;
-use super::sessions::{Kind, SessionCell};
+use super::sessions::{Kind, Refusal, SessionCell};
 use super::{
-    App, ClientSubLm, PendingLlm, RunError, SessionError, fresh, fresh_id, joined, spawn_env,
+    App, ClientSubLm, PendingLlm, RunError, SessionError, client_ip, fresh, fresh_id, joined,
+    spawn_env,
 };
 use crate::sublm::SubLm;
 use crate::wire::{
@@ -42,14 +44,16 @@ struct WsQuery {
 pub(crate) async fn handler(
     ws: WebSocketUpgrade,
     State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let client = client_ip(peer);
     let query = serde_urlencoded::from_str::<WsQuery>(query.as_deref().unwrap_or(""))
         .map_err(|e| WsError::invalid(vec![FieldError::value(&["query"], format!("query: {e}"))]));
     let limit = app.config.max_body_bytes;
     ws.max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(move |socket| run(socket, app, query))
+        .on_upgrade(move |socket| run(socket, app, query, client))
 }
 
 /// Counts a live connection task for the length of its life.
@@ -86,7 +90,7 @@ enum End {
     Stop,
 }
 
-async fn run(socket: WebSocket, app: Arc<App>, query: Result<WsQuery, WsError>) {
+async fn run(socket: WebSocket, app: Arc<App>, query: Result<WsQuery, WsError>, client: IpAddr) {
     app.sockets.fetch_add(1, Ordering::SeqCst);
     let _live = Live(Arc::clone(&app));
     let (calls_tx, calls) = mpsc::channel(4);
@@ -97,6 +101,7 @@ async fn run(socket: WebSocket, app: Arc<App>, query: Result<WsQuery, WsError>) 
         calls,
         calls_tx,
         next_llm: 0,
+        client,
     };
     let cell = match query.and_then(|q| conn.open(q.session_id)) {
         Ok(cell) => cell,
@@ -153,6 +158,8 @@ struct Conn {
     calls: mpsc::Receiver<PendingLlm>,
     calls_tx: mpsc::Sender<PendingLlm>,
     next_llm: u64,
+    /// The client's address, charged for the session.
+    client: IpAddr,
 }
 
 impl Conn {
@@ -179,11 +186,17 @@ impl Conn {
                     fresh_id().map_err(|e| WsError::new(ErrorCode::FactoryError, e.to_string()))?;
                 self.app
                     .registry
-                    .open(id, Kind::Socket, env)
-                    .map_err(|full| WsError {
-                        active_sessions: Some(full.active),
-                        max_sessions: Some(full.max),
-                        ..WsError::new(ErrorCode::CapacityReached, full.to_string())
+                    .open(id, Kind::Socket, env, self.client)
+                    .map_err(|refusal| {
+                        let (active, max) = match refusal {
+                            Refusal::Full { active, max } => (active, max),
+                            Refusal::ClientShare { active, total, .. } => (active, total),
+                        };
+                        WsError {
+                            active_sessions: Some(active),
+                            max_sessions: Some(max),
+                            ..WsError::new(ErrorCode::CapacityReached, refusal.to_string())
+                        }
                     })
             }
         }
@@ -237,7 +250,8 @@ impl Conn {
                     End::Continue
                 }
                 Incoming::Mcp(request) => {
-                    let response = super::mcp::handle(&self.app, request, Some(&cell.id));
+                    let response =
+                        super::mcp::handle(&self.app, request, Some(&cell.id), self.client);
                     self.send(&ServerMessage::Mcp(response)).await;
                     End::Continue
                 }

@@ -23,6 +23,9 @@ use crate::env::{AgentAction, Observation, ResetRequest};
 /// Longest `episode_id` accepted (OpenEnv's limit).
 pub const MAX_EPISODE_ID_CHARS: usize = 255;
 
+/// Longest `request_id` of `POST /step` accepted (OpenEnv's limit).
+pub const MAX_REQUEST_ID_CHARS: usize = 255;
+
 /// Who answers the `llm()` calls of an episode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -82,10 +82,65 @@ pub trait Shape {
     /// Dotted paths of the struct-typed positions (`""` is the root; `*` is every element of
     /// an array).
     const OBJECTS: &'static [&'static str];
+
+    /// An unknown field that serde passed over: types that embed record types (which do not
+    /// deny unknown fields themselves) compare what was sent with what was read.
+    fn unknown_field(&self, _sent: &serde_json::Value) -> Option<FieldError> {
+        None
+    }
 }
 
 impl Shape for ResetParams {
     const OBJECTS: &'static [&'static str] = &["", "task", "task.evidence.*"];
+
+    /// A field of `task` (or of its evidence spans) that `Task` does not have.
+    fn unknown_field(&self, sent: &serde_json::Value) -> Option<FieldError> {
+        let task = self.task.as_ref()?;
+        let read = serde_json::to_value(task).ok()?;
+        first_unknown(sent.get("task")?, &read, &mut vec!["task".to_string()])
+    }
+}
+
+/// The first key of an object in `sent` (recursively, through arrays) that `read`, the same
+/// value parsed and written back, lacks.
+fn first_unknown(
+    sent: &serde_json::Value,
+    read: &serde_json::Value,
+    loc: &mut Vec<String>,
+) -> Option<FieldError> {
+    use serde_json::Value;
+    match (sent, read) {
+        (Value::Object(sent), Value::Object(read)) => {
+            for (key, value) in sent {
+                loc.push(key.clone());
+                let found = match read.get(key) {
+                    None => {
+                        let field = loc.join(".");
+                        Some(FieldError {
+                            loc: loc.clone(),
+                            msg: format!("{field}: unknown field `{key}`"),
+                            kind: "extra_forbidden".into(),
+                        })
+                    }
+                    Some(back) => first_unknown(value, back, loc),
+                };
+                loc.pop();
+                if found.is_some() {
+                    return found;
+                }
+            }
+            None
+        }
+        (Value::Array(sent), Value::Array(read)) => {
+            sent.iter().zip(read).enumerate().find_map(|(i, (s, r))| {
+                loc.push(i.to_string());
+                let found = first_unknown(s, r, loc);
+                loc.pop();
+                found
+            })
+        }
+        _ => None,
+    }
 }
 
 impl Shape for ActionParams {
@@ -114,12 +169,45 @@ pub fn parse_json<T: DeserializeOwned + Shape>(bytes: &[u8]) -> Result<T, FieldE
 }
 
 /// Converts an already-parsed JSON value into `T`, locating errors as [`parse_json`] does.
-pub fn from_value<T: DeserializeOwned + Shape>(value: serde_json::Value) -> Result<T, FieldError> {
+///
+/// Numbers written with a fraction of zero (`61.0`) are integers, as JSON Schema (and so the
+/// OpenAPI document) counts them and as pydantic reads them; no request field is a float that
+/// an integer could not also fill.
+pub fn from_value<T: DeserializeOwned + Shape>(
+    mut value: serde_json::Value,
+) -> Result<T, FieldError> {
+    integral_floats_to_integers(&mut value);
     check_objects(&value, T::OBJECTS)?;
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|err| {
+    let parsed = serde_path_to_error::deserialize::<_, T>(&value).map_err(|err| {
         let text = err.inner().to_string();
         located(err.path(), kind_of(&text), &text)
-    })
+    })?;
+    match parsed.unknown_field(&value) {
+        Some(e) => Err(e),
+        None => Ok(parsed),
+    }
+}
+
+/// Rewrites every number with a zero fraction that fits an `i64` or a `u64` as that integer.
+fn integral_floats_to_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+            {
+                // Casts saturate: only values that survive the round trip are exact.
+                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                    *value = Value::from(f as u64);
+                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                    *value = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_floats_to_integers),
+        Value::Object(map) => map.values_mut().for_each(integral_floats_to_integers),
+        _ => {}
+    }
 }
 
 /// Fails at the first struct position of `value` that holds neither an object nor null
@@ -290,6 +378,24 @@ mod tests {
     }
 
     #[test]
+    fn integral_floats_are_integers() {
+        let p = parse_json::<ResetParams>(br#"{"split": "eval", "index": 61.0, "seed": -0.0}"#)
+            .unwrap();
+        assert_eq!((p.index, p.seed), (Some(61), Some(0)));
+        let err = parse_json::<ResetParams>(br#"{"index": 61.5}"#).unwrap_err();
+        assert_eq!(
+            (err.loc.as_slice(), err.kind.as_str()),
+            (&["index".to_string()][..], "type_error")
+        );
+        let err = parse_json::<ResetParams>(br#"{"seed": 1e20}"#).unwrap_err();
+        assert_eq!(err.loc, ["seed"]);
+        let err = parse_json::<ResetParams>(br#"{"index": -2.0}"#).unwrap_err();
+        assert!(err.msg.contains("integer `-2`"), "{}", err.msg);
+        let s = parse_json::<StepParams>(br#"{"action": {"code": "1"}, "timeout_s": 2}"#).unwrap();
+        assert_eq!(s.timeout_s, Some(2.0));
+    }
+
+    #[test]
     fn structs_written_as_arrays_are_refused() {
         let err = parse_json::<ResetParams>(b"[1, 2]").unwrap_err();
         assert_eq!(
@@ -304,5 +410,21 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.loc, ["task", "evidence", "0"]);
         assert!(parse_json::<ResetParams>(br#"{"task": null}"#).is_ok());
+    }
+
+    #[test]
+    fn unknown_fields_inside_a_task_are_refused() {
+        let task = r#"{"id": "t", "split": "eval", "index": 0, "seed": 1, "family": "needle", "document": "d", "question": "q", "answer": "a", "doc_tokens": 1, "evidence": [{"start": 0, "end": 1}]}"#;
+        assert!(parse_json::<ResetParams>(format!(r#"{{"task": {task}}}"#).as_bytes()).is_ok());
+        let extra = task.replace(r#""end": 1}"#, r#""end": 1, "width": 2}"#);
+        let err =
+            parse_json::<ResetParams>(format!(r#"{{"task": {extra}}}"#).as_bytes()).unwrap_err();
+        assert_eq!(err.loc, ["task", "evidence", "0", "width"]);
+        assert_eq!(err.kind, "extra_forbidden");
+        assert_eq!(err.msg, "task.evidence.0.width: unknown field `width`");
+        let extra = task.replace(r#""id": "t""#, r#""id": "t", "ID": "u""#);
+        let err =
+            parse_json::<ResetParams>(format!(r#"{{"task": {extra}}}"#).as_bytes()).unwrap_err();
+        assert_eq!(err.loc, ["task", "ID"]);
     }
 }

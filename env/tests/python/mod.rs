@@ -1,7 +1,8 @@
-//! A Python interpreter with the pinned `openenv` package, for the OpenEnv integration test.
+//! A Python interpreter with the pinned `openenv` and `schemathesis` packages, for the OpenEnv
+//! integration test and the schemathesis fuzz test.
 //!
-//! `FATHOM_OPENENV_PYTHON`, if set, names a ready interpreter (it must import `openenv` at
-//! the pinned version). Otherwise the test makes a virtualenv under the cargo target
+//! `FATHOM_OPENENV_PYTHON`, if set, names a ready interpreter (it must import `openenv` and
+//! `schemathesis` at the pinned versions). Otherwise the test makes a virtualenv under the cargo target
 //! directory, `openenv-venv-<hash of requirements.txt>`, with the base interpreter
 //! `FATHOM_PYTHON` (default `python3`, 3.10 or newer) and installs `requirements.txt` from
 //! PyPI into it; later runs reuse it. A file lock keeps concurrent test binaries from
@@ -20,6 +21,9 @@ use std::time::{Duration, Instant};
 
 /// The `openenv` version the test is written against.
 pub const OPENENV_VERSION: &str = "0.10.0";
+
+/// The `schemathesis` version the fuzz test is written against.
+pub const SCHEMATHESIS_VERSION: &str = "4.32.5";
 
 /// The pinned packages.
 pub const REQUIREMENTS: &str = include_str!("requirements.txt");
@@ -88,7 +92,7 @@ fn build(venv: &Path) {
     std::fs::write(&requirements, REQUIREMENTS).expect("write requirements");
     let python = tmp.join("bin").join("python");
     eprintln!(
-        "openenv test: pip install -r requirements.txt (openenv=={OPENENV_VERSION}); this takes a few minutes once"
+        "openenv test: pip install -r requirements.txt (openenv=={OPENENV_VERSION}, schemathesis=={SCHEMATHESIS_VERSION}); this takes a few minutes once"
     );
     run(
         Command::new(&python)
@@ -112,18 +116,24 @@ fn build(venv: &Path) {
         .unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", tmp.display(), venv.display()));
 }
 
-/// Checks that `python` imports `openenv` at the pinned version.
+/// Checks that `python` imports `openenv` and `schemathesis` at the pinned versions.
 fn check_openenv(python: &Path) -> Result<(), String> {
-    let script = "import importlib.metadata as m, openenv.core, openenv.cli._validation; print(m.version('openenv'))";
+    let script = "import importlib.metadata as m, openenv.core, openenv.cli._validation, schemathesis.cli; print(m.version('openenv'), m.version('schemathesis'))";
     let out = output(
         Command::new(python).args(["-c", script]),
         Duration::from_secs(300),
     )?;
-    let version = out.trim();
-    if version != OPENENV_VERSION {
-        return Err(format!(
-            "openenv {version} is installed; the test needs {OPENENV_VERSION}"
-        ));
+    let mut versions = out.split_whitespace();
+    for (name, pinned) in [
+        ("openenv", OPENENV_VERSION),
+        ("schemathesis", SCHEMATHESIS_VERSION),
+    ] {
+        let version = versions.next().unwrap_or("no version");
+        if version != pinned {
+            return Err(format!(
+                "{name} {version} is installed; the tests need {pinned}"
+            ));
+        }
     }
     Ok(())
 }

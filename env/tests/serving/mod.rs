@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,6 +24,8 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// A server running on 127.0.0.1 in a thread of its own.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The server's access token, if it has one (sent by [`TestServer::sessions`]).
+    pub token: Option<String>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<Result<(), ServerError>>>,
 }
@@ -43,6 +45,11 @@ impl TestServer {
 
     /// Starts `server` on an ephemeral loopback port.
     pub fn start_with(server: EnvServer) -> TestServer {
+        let token = server
+            .config()
+            .token
+            .as_ref()
+            .map(|t| t.secret().to_string());
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -64,6 +71,7 @@ impl TestServer {
         });
         let server = TestServer {
             addr,
+            token,
             stop: Some(stop),
             thread: Some(thread),
         };
@@ -76,6 +84,14 @@ impl TestServer {
             std::thread::sleep(Duration::from_millis(20));
         }
         server
+    }
+
+    /// The `Authorization` header of the server's token (none without one).
+    pub fn auth(&self) -> Vec<(&'static str, String)> {
+        self.token
+            .iter()
+            .map(|t| ("Authorization", format!("Bearer {t}")))
+            .collect()
     }
 
     /// `http://127.0.0.1:port`.
@@ -106,7 +122,9 @@ impl TestServer {
 
     /// `GET /sessions`: (active, max).
     pub fn sessions(&self) -> (u64, u64) {
-        let (status, body) = get(self.addr, "/sessions");
+        let auth = self.auth();
+        let headers: Vec<(&str, &str)> = auth.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, body) = request(self.addr, "GET", "/sessions", &headers, b"");
         assert_eq!(status, 200, "{body}");
         (
             body["active_sessions"].as_u64().unwrap(),
@@ -137,6 +155,25 @@ impl Drop for TestServer {
     }
 }
 
+/// Opens a TCP connection to `addr` from the local address `from` (on Linux every 127.x.y.z
+/// is a loopback address, so a test can be several clients).
+pub fn connect_from(addr: SocketAddr, from: IpAddr) -> std::io::Result<TcpStream> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(from, 0))?;
+        tokio::time::timeout(Duration::from_secs(5), socket.connect(addr))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+    })?;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 /// Sends a raw HTTP/1.1 request and returns the status and the body (JSON if it parses, else
 /// a JSON string). Status 0 means the connection failed.
 pub fn request(
@@ -146,9 +183,35 @@ pub fn request(
     extra_headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, Value) {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
+    let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
         return (0, Value::Null);
     };
+    exchange(stream, addr, method, path, extra_headers, body)
+}
+
+/// [`request`] from the local address `from`.
+pub fn request_from(
+    from: IpAddr,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    extra_headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Value) {
+    let Ok(stream) = connect_from(addr, from) else {
+        return (0, Value::Null);
+    };
+    exchange(stream, addr, method, path, extra_headers, body)
+}
+
+fn exchange(
+    mut stream: TcpStream,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    extra_headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Value) {
     stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
@@ -239,11 +302,44 @@ impl Ws {
     /// Connects to `/ws` (with an optional query).
     pub fn connect(addr: SocketAddr, query: &str) -> Ws {
         let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+        Ws::handshake(stream, addr, query, &[]).expect("handshake")
+    }
+
+    /// Connects to `/ws` from the local address `from` with extra headers; the handshake's
+    /// error (e.g. an HTTP 401) is returned.
+    pub fn connect_with(
+        from: IpAddr,
+        addr: SocketAddr,
+        headers: &[(&str, &str)],
+    ) -> Result<Ws, tungstenite::Error> {
+        let stream = connect_from(addr, from).expect("connect");
+        Ws::handshake(stream, addr, "", headers)
+    }
+
+    fn handshake(
+        stream: TcpStream,
+        addr: SocketAddr,
+        query: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Ws, tungstenite::Error> {
+        use tungstenite::client::IntoClientRequest;
         stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
         stream.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
         let url = format!("ws://{addr}/ws{query}");
-        let (socket, _) = tungstenite::client::client(url.as_str(), stream).expect("handshake");
-        Ws { socket }
+        let mut request = url.into_client_request()?;
+        for (k, v) in headers {
+            request.headers_mut().insert(
+                tungstenite::http::HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+                tungstenite::http::HeaderValue::from_str(v).expect("header value"),
+            );
+        }
+        let (socket, _) = tungstenite::client::client(request, stream).map_err(|e| match e {
+            tungstenite::HandshakeError::Failure(e) => e,
+            tungstenite::HandshakeError::Interrupted(_) => {
+                tungstenite::Error::Io(std::io::ErrorKind::WouldBlock.into())
+            }
+        })?;
+        Ok(Ws { socket })
     }
 
     /// Sends a text message.
