@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use fathom_env::client::{RemoteEnv, ServerPool};
+use fathom_env::client::{ClientConfig, RemoteEnv, ServerPool};
 use fathom_env::env::{Environment, ReplEnv, Services};
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
 use fathom_env::tokens::TokenCounter;
@@ -62,7 +62,25 @@ impl EnvFactory {
     ) -> Result<Self, EnvsError> {
         let kind = match &plan.remote {
             Some(remote) => {
-                let pool = ServerPool::new(&remote.urls)
+                let token = match &remote.token_file {
+                    Some(path) => Some(
+                        std::fs::read_to_string(path)
+                            .map_err(|e| {
+                                EnvsError::Remote(format!(
+                                    "reading the token file {}: {e}",
+                                    path.display()
+                                ))
+                            })?
+                            .trim()
+                            .to_string(),
+                    ),
+                    None => None,
+                };
+                let config = ClientConfig {
+                    token,
+                    ..ClientConfig::default()
+                };
+                let pool = ServerPool::with_config(&remote.urls, config)
                     .map_err(|e| EnvsError::Remote(e.to_string()))?;
                 Kind::Remote(pool)
             }

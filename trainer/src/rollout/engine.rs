@@ -197,13 +197,21 @@ fn drive(
         let _ = events.send(FromEnv::Observed { episode, result });
         done
     };
-    let mut done = report(env.reset(reset).map_err(|e| e.to_string()));
-    let mut reset_failed = done;
+    let mut failure = None;
+    let first = env.reset(reset).map_err(|e| e.to_string());
+    if let Err(e) = &first {
+        failure = Some(format!("the environment failed to reset: {e}"));
+    }
+    let mut done = report(first);
     while !done {
         match actions.recv() {
             Ok(ToEnv::Step(text)) => {
-                done = report(env.step(AgentAction::Message(text)).map_err(|e| e.to_string()));
-                reset_failed = false;
+                let result = env.step(AgentAction::Message(text)).map_err(|e| e.to_string());
+                if let Err(e) = &result {
+                    // End the episode with the error, so its record says why.
+                    let _ = env.abort(&format!("the environment failed: {e}"));
+                }
+                done = report(result);
             }
             Ok(ToEnv::Abort(reason)) => {
                 let _ = env.abort(&reason);
@@ -215,10 +223,9 @@ fn drive(
             }
         }
     }
-    let trajectory = if reset_failed {
-        Err("the environment failed to reset".into())
-    } else {
-        env.trajectory().map_err(|e| e.to_string())
+    let trajectory = match failure {
+        Some(message) => Err(message),
+        None => env.trajectory().map_err(|e| e.to_string()),
     };
     let _ = events.send(FromEnv::Finished {
         episode,
