@@ -1,0 +1,187 @@
+//! Resuming is exact: a run stopped after a GRPO step and resumed, and a run killed with
+//! SIGKILL mid-run and resumed, write the same metrics (timings aside) and the same final
+//! adapter, byte for byte, as the uninterrupted run.
+//!
+//! The run is `recipes/tiny.ron` shortened, with one extra reward component (the share of
+//! vowels in the assistant's text) so that a random model's groups have reward variance and
+//! every GRPO step updates the adapter.
+//!
+//! This test binary serves as its own sandbox worker and, for the SIGKILL case, as the child
+//! process that trains (`harness = false`).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use fathom_env::sandbox::WorkerCommand;
+use fathom_rewards::record::Role;
+use fathom_rewards::reward::{Episode, Reward};
+use fathom_rewards::{ParamsError, RewardRegistry};
+use fathom_trainer::checkpoint::Stage;
+use fathom_trainer::metrics::{StepMetrics, read_log};
+use fathom_trainer::recipe::Plan;
+use fathom_trainer::train::{Evaluations, RunOptions, run};
+
+/// The share of vowels among the letters the assistant wrote.
+struct Vowels;
+
+impl Reward for Vowels {
+    fn name(&self) -> &str {
+        "vowels"
+    }
+
+    fn score(&self, episode: &Episode<'_>) -> f64 {
+        let text: String = episode
+            .trajectory
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .map(|m| m.content.to_lowercase())
+            .collect();
+        let letters = text.chars().filter(|c| c.is_ascii_alphabetic()).count();
+        let vowels = text.chars().filter(|c| "aeiou".contains(*c)).count();
+        if letters == 0 { 0.0 } else { vowels as f64 / letters as f64 }
+    }
+}
+
+fn plan() -> Plan {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny.ron");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("steps: 4,\n        batch_size", "steps: 2,\n        batch_size")
+        .replace("steps: 2,\n        prompts_per_step", "steps: 3,\n        prompts_per_step")
+        .replace(
+            "RecursionEfficiency(weight: 0.15, free_calls: 0, max_calls: 4),",
+            "RecursionEfficiency(weight: 0.15, free_calls: 0, max_calls: 4),\n            Custom(name: \"vowels\", weight: 0.2),",
+        );
+    let mut registry = RewardRegistry::new();
+    registry
+        .register("vowels", |_| Ok::<Box<dyn Reward>, ParamsError>(Box::new(Vowels)))
+        .unwrap();
+    let plan = Plan::from_str_with(&text, "tiny (resume test)", &registry).unwrap();
+    assert_eq!(plan.sft.as_ref().unwrap().steps, 2);
+    assert_eq!(plan.grpo.steps, 3);
+    plan
+}
+
+fn options(out: &Path, resume: bool, stop_after: Option<(Stage, u64)>) -> RunOptions {
+    RunOptions {
+        out: out.to_path_buf(),
+        resume,
+        default_base: None,
+        worker: WorkerCommand::CurrentExe,
+        progress: false,
+        evaluations: Evaluations::default(),
+        stop_after,
+    }
+}
+
+/// Everything of a metrics record but its timings.
+fn essence(m: &StepMetrics) -> String {
+    let mut m = m.clone();
+    m.time = Default::default();
+    m.tokens_per_second = 0.0;
+    serde_json::to_string(&m).unwrap()
+}
+
+fn assert_same_run(a: &Path, b: &Path) {
+    let (ma, mb) = (
+        read_log(&a.join("metrics.jsonl")).unwrap(),
+        read_log(&b.join("metrics.jsonl")).unwrap(),
+    );
+    assert_eq!(ma.len(), 5, "2 SFT and 3 GRPO records");
+    let (ea, eb): (Vec<String>, Vec<String>) =
+        (ma.iter().map(essence).collect(), mb.iter().map(essence).collect());
+    assert_eq!(ea, eb, "metrics differ");
+    let grpo: Vec<&StepMetrics> = ma.iter().filter(|m| m.stage == Stage::Grpo).collect();
+    assert!(grpo.iter().all(|m| m.loss != 0.0), "every GRPO step updated: {ea:#?}");
+    let adapter = |d: &Path| std::fs::read(d.join("adapter/adapter_model.safetensors")).unwrap();
+    assert!(adapter(a) == adapter(b), "the final adapters differ");
+}
+
+fn uninterrupted(root: &Path) -> PathBuf {
+    let dir = root.join("whole");
+    let summary = run::<fathom_model::Cpu>(&plan(), &options(&dir, false, None), &Default::default()).unwrap();
+    assert!(!summary.interrupted);
+    dir
+}
+
+fn stopped_and_resumed_runs_are_exact() {
+    let root = tempfile::tempdir().unwrap();
+    let whole = uninterrupted(root.path());
+    let dir = root.path().join("stopped");
+    let device = Default::default();
+    let first = run::<fathom_model::Cpu>(&plan(), &options(&dir, false, Some((Stage::Grpo, 1))), &device).unwrap();
+    assert!(first.interrupted);
+    let second = run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &device).unwrap();
+    assert!(!second.interrupted);
+    assert_eq!(second.grpo_steps, 3);
+    assert_same_run(&whole, &dir);
+    // Stopped inside SFT too.
+    let dir = root.path().join("stopped-sft");
+    run::<fathom_model::Cpu>(&plan(), &options(&dir, false, Some((Stage::Sft, 1))), &device).unwrap();
+    run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &device).unwrap();
+    assert_same_run(&whole, &dir);
+}
+
+const CHILD: &str = "FATHOM_RESUME_TEST_CHILD";
+
+fn killed_runs_resume_exactly() {
+    let root = tempfile::tempdir().unwrap();
+    let whole = uninterrupted(root.path());
+    let dir = root.path().join("killed");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(CHILD, &dir)
+        .spawn()
+        .unwrap();
+    // Kill it as soon as the first GRPO step is logged: it is then inside step 2.
+    let metrics = dir.join("metrics.jsonl");
+    let start = Instant::now();
+    loop {
+        let logged = read_log(&metrics)
+            .map(|m| m.iter().any(|r| r.stage == Stage::Grpo))
+            .unwrap_or(false);
+        if logged {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "the child never reached GRPO");
+        assert!(child.try_wait().unwrap().is_none(), "the child ended early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let done = read_log(&metrics).unwrap().len();
+    assert!(done < 5, "the child finished before it was killed ({done} records)");
+    eprintln!("killed after {done} logged steps");
+    run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &Default::default()).unwrap();
+    assert_same_run(&whole, &dir);
+}
+
+fn main() {
+    fathom_env::sandbox::run_worker_if_requested();
+    // Recipe paths are relative to the repository root, as `cargo xtask` runs there.
+    std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
+    if let Some(dir) = std::env::var_os(CHILD) {
+        run::<fathom_model::Cpu>(&plan(), &options(Path::new(&dir), false, None), &Default::default())
+            .unwrap();
+        return;
+    }
+    let tests: [(&str, fn()); 2] = [
+        ("stopped_and_resumed_runs_are_exact", stopped_and_resumed_runs_are_exact),
+        ("killed_runs_resume_exactly", killed_runs_resume_exactly),
+    ];
+    println!("\nrunning {} tests", tests.len());
+    let mut failed = 0;
+    for (name, test) in tests {
+        let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();
+        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+        failed += usize::from(!ok);
+    }
+    let passed = tests.len() - failed;
+    let verdict = if failed == 0 { "ok" } else { "FAILED" };
+    println!(
+        "\ntest result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n"
+    );
+    std::process::exit(i32::from(failed > 0));
+}
