@@ -36,9 +36,9 @@ mod engine;
 
 use fathom_env::env::{Environment, ResetRequest};
 use fathom_model::{ModelBackend, Qwen2ForCausalLM, Sampling};
-use fathom_rewards::record::Trajectory;
+use fathom_rewards::record::{Step, Trajectory};
 
-pub use bridge::Bridge;
+pub use bridge::{Bridge, Prompt};
 pub use chat::{Chat, ChatError};
 
 use crate::grpo::Sample;
@@ -137,6 +137,61 @@ pub enum RolloutError {
     Chat(#[from] ChatError),
 }
 
+/// What a rollout reports while it runs (for front ends that stream an episode).
+#[derive(Clone, Copy, Debug)]
+pub enum RolloutEvent<'a> {
+    /// Episode `episode` sampled `token` in its current turn.
+    Token {
+        /// The episode.
+        episode: usize,
+        /// The token.
+        token: u32,
+    },
+    /// Episode `episode` ended a turn; `text` goes to its environment.
+    Turn {
+        /// The episode.
+        episode: usize,
+        /// The assistant's message.
+        text: &'a str,
+    },
+    /// The environment answered episode `episode`'s turn.
+    Observation {
+        /// The episode.
+        episode: usize,
+        /// The record of the step (code run, output, `llm()` calls).
+        step: Option<&'a Step>,
+        /// The observation as the model reads it.
+        text: &'a str,
+    },
+    /// An `llm()` call (or a sub-episode's turn) was answered.
+    SubCall {
+        /// What was asked.
+        prompt: &'a Prompt,
+        /// The answer.
+        answer: &'a str,
+    },
+    /// Episode `episode` is over.
+    Finished {
+        /// The episode.
+        episode: usize,
+        /// Its record, or why there is none.
+        trajectory: &'a Result<Trajectory, String>,
+    },
+}
+
+/// Receives a rollout's events as they happen.
+pub trait RolloutObserver {
+    /// Called for each event, on the generation loop's thread.
+    fn event(&mut self, event: RolloutEvent<'_>);
+}
+
+/// An observer that ignores everything.
+pub struct Quiet;
+
+impl RolloutObserver for Quiet {
+    fn event(&mut self, _: RolloutEvent<'_>) {}
+}
+
 /// Runs `specs[i]` in `envs[i]` to the end, generating with `model`; returns one output per
 /// spec, in order, and the rollout's statistics.
 pub fn rollout<B: ModelBackend>(
@@ -148,5 +203,20 @@ pub fn rollout<B: ModelBackend>(
     bridge: &Bridge,
     device: &B::Device,
 ) -> Result<(Vec<EpisodeOutput>, RolloutStats), RolloutError> {
-    engine::run(model, chat, envs, specs, settings, bridge, device)
+    engine::run(model, chat, envs, specs, settings, bridge, device, &mut Quiet)
+}
+
+/// [`rollout`], reporting every event to `observer` as it happens.
+#[allow(clippy::too_many_arguments)]
+pub fn rollout_observed<B: ModelBackend>(
+    model: &Qwen2ForCausalLM<B>,
+    chat: &Chat<'_>,
+    envs: &mut [Box<dyn Environment>],
+    specs: &[EpisodeSpec],
+    settings: &RolloutSettings,
+    bridge: &Bridge,
+    device: &B::Device,
+    observer: &mut dyn RolloutObserver,
+) -> Result<(Vec<EpisodeOutput>, RolloutStats), RolloutError> {
+    engine::run(model, chat, envs, specs, settings, bridge, device, observer)
 }

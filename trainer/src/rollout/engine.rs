@@ -13,7 +13,10 @@ use rand::rngs::StdRng;
 
 use super::bridge::{Bridge, Prompt, Request};
 use super::chat::Chat;
-use super::{EpisodeOutput, EpisodeSpec, RolloutError, RolloutSettings, RolloutStats};
+use super::{
+    EpisodeOutput, EpisodeSpec, RolloutError, RolloutEvent, RolloutObserver, RolloutSettings,
+    RolloutStats,
+};
 use crate::grpo::Sample;
 
 /// What the engine tells an episode's thread.
@@ -72,6 +75,7 @@ struct Live {
 
 struct SubRow {
     row: usize,
+    prompt: Prompt,
     rng: StdRng,
     pending: Vec<u32>,
     out: Vec<u32>,
@@ -86,6 +90,7 @@ enum Owner {
 }
 
 struct Engine<'a, B: ModelBackend> {
+    observer: &'a mut dyn RolloutObserver,
     model: &'a Qwen2ForCausalLM<B>,
     chat: &'a Chat<'a>,
     settings: &'a RolloutSettings,
@@ -100,6 +105,7 @@ struct Engine<'a, B: ModelBackend> {
 }
 
 /// Runs `specs` to their ends; see [`super::rollout`].
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run<B: ModelBackend>(
     model: &Qwen2ForCausalLM<B>,
     chat: &Chat<'_>,
@@ -108,6 +114,7 @@ pub(super) fn run<B: ModelBackend>(
     settings: &RolloutSettings,
     bridge: &Bridge,
     device: &B::Device,
+    observer: &mut dyn RolloutObserver,
 ) -> Result<(Vec<EpisodeOutput>, RolloutStats), RolloutError> {
     if envs.len() < specs.len() {
         return Err(RolloutError::Setup(format!(
@@ -147,6 +154,7 @@ pub(super) fn run<B: ModelBackend>(
         }
         drop(events_tx);
         let mut engine = Engine {
+            observer,
             model,
             chat,
             settings,
@@ -440,6 +448,8 @@ impl<B: ModelBackend> Engine<'_, B> {
         ep.turn.push(token);
         ep.generated += 1;
         self.stats.generated_tokens += 1;
+        self.observer.event(RolloutEvent::Token { episode: i, token });
+        let ep = &mut self.episodes[i];
         let ended = token == eot;
         if !ended && ep.sample.ids.len() >= max_episode {
             return self.abort(i, "the episode reached its token budget");
@@ -455,7 +465,11 @@ impl<B: ModelBackend> Engine<'_, B> {
             ep.turns += 1;
             ep.phase = Phase::Waiting;
             ep.busy = true;
-            let _ = ep.to_env.send(ToEnv::Step(text));
+            self.observer.event(RolloutEvent::Turn {
+                episode: i,
+                text: &text,
+            });
+            let _ = self.episodes[i].to_env.send(ToEnv::Step(text));
         } else {
             ep.pending = vec![token];
         }
@@ -489,6 +503,12 @@ impl<B: ModelBackend> Engine<'_, B> {
                 .tokenizer()
                 .decode(&sub.out, true)
                 .map_err(|e| e.to_string());
+            if let Ok(text) = &answer {
+                self.observer.event(RolloutEvent::SubCall {
+                    prompt: &sub.prompt,
+                    answer: text,
+                });
+            }
             let _ = sub.reply.send(answer);
             self.free_row(sub.row)?;
         } else {
@@ -528,6 +548,13 @@ impl<B: ModelBackend> Engine<'_, B> {
                 }
                 let ended_with_eot = self.episodes[episode].ended_with_eot;
                 let segment = self.chat.observation_ids(&obs.messages, ended_with_eot)?;
+                if let Some(last) = obs.messages.last() {
+                    self.observer.event(RolloutEvent::Observation {
+                        episode,
+                        step: obs.step.as_ref(),
+                        text: &last.content,
+                    });
+                }
                 let ep = &mut self.episodes[episode];
                 if ep.sample.ids.len() + segment.len() >= self.settings.max_episode_tokens {
                     return self.abort(episode, "the episode reached its token budget");
@@ -543,6 +570,10 @@ impl<B: ModelBackend> Engine<'_, B> {
                 episode,
                 trajectory,
             } => {
+                self.observer.event(RolloutEvent::Finished {
+                    episode,
+                    trajectory: &trajectory,
+                });
                 let ep = &mut self.episodes[episode];
                 ep.trajectory = Some(trajectory);
                 ep.phase = Phase::Finished;
@@ -582,6 +613,7 @@ impl<B: ModelBackend> Engine<'_, B> {
         let row = self.alloc_row();
         let sub = SubRow {
             row,
+            prompt: request.prompt.clone(),
             rng: fathom_model::sequence_rng(self.settings.seed ^ 0x5b0c_a11, stream),
             pending: ids,
             out: Vec::new(),
