@@ -617,47 +617,24 @@ impl<B: ModelBackend> Run<'_, B> {
             // The learner.
             let learn_started = Instant::now();
             let lr = g.schedule.lr(g.optimizer.lr, state.step as usize * g.optimizer_steps_per_batch, total_opt_steps);
-            let mut loss_value = 0.0;
-            let mut grad_norm = 0.0;
-            let mut stats = crate::grpo::LossStats::default();
-            if !good.rows.is_empty() {
-                let kept: Vec<&Sample> = good.rows.iter().map(|&r| &samples[r]).collect();
-                let host = host_batch(&kept, 0)?;
-                let cols = host.cols();
-                let batch = LossBatch::<Ad<B>>::new(&host, &good.advantages, g.loss.normalization, self.device)?;
-                let seqs: Vec<&[u32]> = kept.iter().map(|s| s.ids.as_slice()).collect();
-                let temperature = plan.sampling.temperature() as f64;
-                let ref_logprobs = match &reference {
-                    Some(r) => {
-                        let out = fathom_model::packed_logprobs(r, &seqs, temperature, g.learner.logprob_chunk, self.device)?;
-                        Some(padded(out.logprobs, &out.offsets, cols))
-                    }
-                    None => None,
-                };
-                for _ in 0..g.optimizer_steps_per_batch {
-                    let out = fathom_model::forward_backward(
-                        &model,
-                        &seqs,
-                        pass(&g.learner, temperature),
-                        self.device,
-                        |lp: &SequenceLogprobs<Ad<B>>| {
-                            let new = padded(lp.logprobs.clone(), &lp.offsets, cols);
-                            let entropy = padded(lp.entropy.clone(), &lp.offsets, cols);
-                            let reference = ref_logprobs.clone().map(Tensor::from_inner);
-                            match policy_loss(new, &batch, reference, Some(entropy), &g.loss) {
-                                Ok(p) => (p.loss, Ok(p.stats)),
-                                Err(e) => (Tensor::zeros([1], &lp.logprobs.device()), Err(e)),
-                            }
-                        },
-                    )?;
-                    stats = out.aux?;
-                    let mut grads = out.grads;
-                    let clipping = crate::optim::clip_global_norm(&model, &mut grads, g.optimizer.grad_clip);
-                    grad_norm = clipping.norm;
-                    loss_value = out.loss as f64;
-                    model = optim.step(lr, model, grads);
-                }
-            }
+            let temperature = plan.sampling.temperature() as f64;
+            let (m2, learned) = learn(
+                model,
+                &mut optim,
+                &good.rows.iter().map(|&r| &samples[r]).collect::<Vec<_>>(),
+                &good.advantages,
+                g,
+                reference.as_ref(),
+                temperature,
+                lr,
+                self.device,
+            )?;
+            model = m2;
+            let Learned {
+                loss: loss_value,
+                grad_norm,
+                stats,
+            } = learned;
             let learning_s = learn_started.elapsed().as_secs_f64();
             state.step += 1;
             let n = evals.len().max(1) as f64;
@@ -713,6 +690,74 @@ impl<B: ModelBackend> Run<'_, B> {
         progress.finish_and_clear();
         Ok((model, state.step, false))
     }
+}
+
+/// What one learner update reported.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Learned {
+    /// The policy loss of the last optimiser step.
+    pub loss: f64,
+    /// The global gradient norm before clipping, of the last optimiser step.
+    pub grad_norm: f64,
+    /// The loss's statistics, of the last optimiser step.
+    pub stats: crate::grpo::LossStats,
+}
+
+/// The learner's part of a GRPO step: `grpo.optimizer_steps_per_batch` optimiser steps on the
+/// episodes `samples` with their `advantages` (the clipped policy loss against the sampling
+/// log-probabilities, optionally k3 KL to `reference`, global-norm clipping, AdamW at `lr`).
+/// Nothing happens for an empty batch.
+#[allow(clippy::too_many_arguments)]
+pub fn learn<B: ModelBackend>(
+    mut model: Qwen2ForCausalLM<Ad<B>>,
+    optim: &mut AdamWOptimizer<Ad<B>>,
+    samples: &[&Sample],
+    advantages: &[f64],
+    g: &crate::recipe::GrpoSection,
+    reference: Option<&Qwen2ForCausalLM<B>>,
+    temperature: f64,
+    lr: f64,
+    device: &B::Device,
+) -> Result<(Qwen2ForCausalLM<Ad<B>>, Learned), TrainError> {
+    let mut learned = Learned::default();
+    if samples.is_empty() {
+        return Ok((model, learned));
+    }
+    let host = host_batch(samples, 0)?;
+    let cols = host.cols();
+    let batch = LossBatch::<Ad<B>>::new(&host, advantages, g.loss.normalization, device)?;
+    let seqs: Vec<&[u32]> = samples.iter().map(|s| s.ids.as_slice()).collect();
+    let ref_logprobs = match reference {
+        Some(r) => {
+            let out = fathom_model::packed_logprobs(r, &seqs, temperature, g.learner.logprob_chunk, device)?;
+            Some(padded(out.logprobs, &out.offsets, cols))
+        }
+        None => None,
+    };
+    for _ in 0..g.optimizer_steps_per_batch {
+        let out = fathom_model::forward_backward(
+            &model,
+            &seqs,
+            pass(&g.learner, temperature),
+            device,
+            |lp: &SequenceLogprobs<Ad<B>>| {
+                let new = padded(lp.logprobs.clone(), &lp.offsets, cols);
+                let entropy = padded(lp.entropy.clone(), &lp.offsets, cols);
+                let reference = ref_logprobs.clone().map(Tensor::from_inner);
+                match policy_loss(new, &batch, reference, Some(entropy), &g.loss) {
+                    Ok(p) => (p.loss, Ok(p.stats)),
+                    Err(e) => (Tensor::zeros([1], &lp.logprobs.device()), Err(e)),
+                }
+            },
+        )?;
+        learned.stats = out.aux?;
+        let mut grads = out.grads;
+        let clipping = crate::optim::clip_global_norm(&model, &mut grads, g.optimizer.grad_clip);
+        learned.grad_norm = clipping.norm;
+        learned.loss = out.loss as f64;
+        model = optim.step(lr, model, grads);
+    }
+    Ok((model, learned))
 }
 
 /// A permutation of `0..n` drawn from `rng`.

@@ -42,6 +42,8 @@ pub enum BenchCommand {
     Nf4(Nf4Bench),
     /// One LoRA training step (r = 16, all seven projections) on a random model: time, memory.
     TrainStep(TrainStepArgs),
+    /// GRPO steps of a recipe's policy, split into generation, environment and learning.
+    GrpoStep(crate::grpo_bench::GrpoStepArgs),
 }
 
 /// Arguments of `bench train-step`.
@@ -203,6 +205,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
             println!("{out}");
             Ok(())
         }),
+        BenchCommand::GrpoStep(args) => crate::grpo_bench::run(args),
         BenchCommand::TrainStep(args) => crate::with_backend!(args.backend, |B, device| {
             let bench = TrainStepBench {
                 tokens: args.tokens,

@@ -9,6 +9,7 @@ mod episode;
 mod eval;
 mod fetch_base;
 mod generate;
+mod grpo_bench;
 mod logits;
 mod quantize;
 mod repl;
