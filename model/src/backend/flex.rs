@@ -1,14 +1,23 @@
 //! [`ModelBackend`] for burn's Flex, the default CPU backend: projections run through the host
 //! kernels of [`crate::nf4::cpu`] directly on the tensors' memory (row tiles in parallel, each
-//! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed.
+//! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed;
+//! projections of a few rows (decoding) by NF4 and bf16 weights through the AVX-512 kernels of
+//! [`super::gemv`] where the CPU has them; and attention through the host kernel of
+//! [`super::attention`], over the packed rows and the KV cache's storage in place.
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
-use super::{ModelBackend, reference};
+use super::attention::{self, KvView, Sequence};
+use super::gemv::{self, Weight};
+use super::{Heads, ModelBackend, SequenceKv, Span, reference};
 use crate::nf4::cpu;
+
+/// Input rows up to which projections by NF4 and bf16 weights use the AVX-512 kernels of
+/// [`gemv`] rather than the tiled `gemm` path (measured: docs/benchmarks.md).
+const GEMV_MAX_ROWS: usize = gemv::MAX_ROWS;
 
 /// Runs `f` on the `u32` words of a Flex code tensor, without copying when it is contiguous.
 fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
@@ -129,7 +138,12 @@ impl ModelBackend for Flex {
                 with_f32(&x, |xs| cpu::dense_linear(xs, m, ws, rows, cols))
             }),
             (DType::F32, DType::BF16) => with_bf16(&w, |ws| {
-                with_f32(&x, |xs| cpu::bf16_linear(xs, m, ws, rows, cols))
+                with_f32(&x, |xs| {
+                    let fused = (m <= GEMV_MAX_ROWS)
+                        .then(|| gemv::linear(xs, m, Weight::Bf16(ws), rows, cols))
+                        .flatten();
+                    fused.unwrap_or_else(|| cpu::bf16_linear(xs, m, ws, rows, cols))
+                })
             }),
             _ => return reference::matmul_linear::<Self>(x, reference::widen::<Self>(w)),
         };
@@ -164,7 +178,17 @@ impl ModelBackend for Flex {
         let out = with_words(&codes, |words| {
             with_f32(&absmax, |absmax| {
                 with_f32(&x, |xs| {
-                    cpu::linear_tiled(xs, m, words, absmax, &table, rows, cols)
+                    let weight = Weight::Nf4 {
+                        words,
+                        absmax,
+                        table: &table,
+                    };
+                    let fused = (m <= GEMV_MAX_ROWS)
+                        .then(|| gemv::linear(xs, m, weight, rows, cols))
+                        .flatten();
+                    fused.unwrap_or_else(|| {
+                        cpu::linear_tiled(xs, m, words, absmax, &table, rows, cols)
+                    })
                 })
             })
         });
@@ -189,6 +213,107 @@ impl ModelBackend for Flex {
             })
         });
         flex_float(out, [m, cols])
+    }
+
+    fn packed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if [&q, &k, &v].iter().any(|t| t.dtype() != DType::F32) {
+            return reference::packed_attention::<Self>(q, k, v, spans, heads);
+        }
+        let n = q.shape()[0];
+        let (kvh, d) = (heads.kv_heads, heads.head_dim);
+        let (out, lse) = with_f32(&q, |qs| {
+            with_f32(&k, |ks| {
+                with_f32(&v, |vs| {
+                    let view = |data, span: &Span| KvView {
+                        data,
+                        offset: span.start * kvh * d,
+                        head_stride: d,
+                        pos_stride: kvh * d,
+                    };
+                    let seqs: Vec<Sequence<'_>> = spans
+                        .iter()
+                        .map(|span| Sequence {
+                            start: span.start,
+                            len: span.len,
+                            past: 0,
+                            k: view(ks, span),
+                            v: view(vs, span),
+                        })
+                        .collect();
+                    attention::attention(qs, &seqs, heads)
+                })
+            })
+        });
+        (
+            flex_float(out, [n, heads.heads * d]),
+            flex_float(lse, [n, heads.heads]),
+        )
+    }
+
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        kv: Vec<SequenceKv<Self>>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> FloatTensor<Self> {
+        let f32s = q.dtype() == DType::F32
+            && kv
+                .iter()
+                .all(|(k, v)| k.dtype() == DType::F32 && v.dtype() == DType::F32);
+        if !f32s {
+            return reference::cached_attention::<Self>(q, kv, spans, heads);
+        }
+        let n = q.shape()[0];
+        // The cache hands out views `[kv_heads, positions, head_dim]` of its larger buffers:
+        // read them in place (any layout with unit stride along head_dim).
+        let kv: Vec<(FlexTensor, FlexTensor)> = kv
+            .into_iter()
+            .map(|(k, v)| (strided(k), strided(v)))
+            .collect();
+        let (out, _) = with_f32(&q, |qs| {
+            let seqs: Vec<Sequence<'_>> = spans
+                .iter()
+                .zip(&kv)
+                .map(|(span, (k, v))| Sequence {
+                    start: span.start,
+                    len: span.len,
+                    past: k.shape()[1] - span.len,
+                    k: kv_view(k),
+                    v: kv_view(v),
+                })
+                .collect();
+            attention::attention(qs, &seqs, heads)
+        });
+        flex_float(out, [n, heads.heads * heads.head_dim])
+    }
+}
+
+/// A `[heads, positions, head_dim]` tensor whose storage can be read in place: itself when its
+/// strides are non-negative with a unit stride along `head_dim`, a contiguous copy otherwise.
+fn strided(t: FlexTensor) -> FlexTensor {
+    let strides = t.layout().strides();
+    if strides.len() == 3 && strides[2] == 1 && strides[0] >= 0 && strides[1] >= 0 {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// The view of a tensor prepared by [`strided`].
+fn kv_view(t: &FlexTensor) -> KvView<'_> {
+    let layout = t.layout();
+    let strides = layout.strides();
+    KvView {
+        data: t.storage::<f32>(),
+        offset: layout.start_offset(),
+        head_stride: strides[0] as usize,
+        pos_stride: strides[1] as usize,
     }
 }
 

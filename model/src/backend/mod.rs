@@ -11,8 +11,10 @@
 //! ([`autodiff`]): an NF4 projection keeps only its packed weight, attention keeps its inputs
 //! and one log-sum-exp per query, and the log-probabilities keep only the hidden states.
 
+pub mod attention;
 pub mod autodiff;
 pub mod flex;
+pub mod gemv;
 pub mod reference;
 
 use burn::tensor::backend::Backend;
