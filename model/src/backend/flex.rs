@@ -1,7 +1,7 @@
 //! [`ModelBackend`] for burn's Flex, the default CPU backend: projections run through the host
 //! kernels of [`crate::nf4::cpu`] directly on the tensors' memory (row tiles in parallel, each
 //! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed;
-//! projections of a few rows (decoding) by NF4 and bf16 weights through the AVX-512 kernels of
+//! projections of a few rows (decoding) through the AVX-512 kernels of
 //! [`super::gemv`] where the CPU has them; and attention through the host kernel of
 //! [`super::attention`], over the packed rows and the KV cache's storage in place.
 
@@ -15,7 +15,7 @@ use super::gemv::{self, Weight};
 use super::{Heads, ModelBackend, SequenceKv, Span, reference};
 use crate::nf4::cpu;
 
-/// Input rows up to which projections by NF4 and bf16 weights use the AVX-512 kernels of
+/// Input rows up to which projections use the AVX-512 kernels of
 /// [`gemv`] rather than the tiled `gemm` path (measured: docs/benchmarks.md).
 const GEMV_MAX_ROWS: usize = gemv::MAX_ROWS;
 
@@ -135,7 +135,12 @@ impl ModelBackend for Flex {
         // model than Flex's one multi-threaded gemm per projection (docs/benchmarks.md).
         let out = match (x.dtype(), w.dtype()) {
             (DType::F32, DType::F32) => with_f32(&w, |ws| {
-                with_f32(&x, |xs| cpu::dense_linear(xs, m, ws, rows, cols))
+                with_f32(&x, |xs| {
+                    let fused = (m <= GEMV_MAX_ROWS)
+                        .then(|| gemv::linear(xs, m, Weight::F32(ws), rows, cols))
+                        .flatten();
+                    fused.unwrap_or_else(|| cpu::dense_linear(xs, m, ws, rows, cols))
+                })
             }),
             (DType::F32, DType::BF16) => with_bf16(&w, |ws| {
                 with_f32(&x, |xs| {

@@ -1,14 +1,21 @@
 //! Projections of a few input rows (decoding) on the host with AVX-512: `y = x · Wᵀ` for `m`
-//! rows of `x` and an NF4 or bf16 weight `W` `[rows, cols]`, reading the weight once and
+//! rows of `x` and an NF4, bf16 or f32 weight `W` `[rows, cols]`, reading the weight once and
 //! multiplying it by every input row as it is decoded. Decoding is bound by the bytes of weight
-//! read per token, so this is where NF4 (0.56 bytes per weight) beats f32 (4 bytes).
+//! read per token, so this is where NF4 (0.56 bytes per weight) beats f32 (4 bytes). (For so few
+//! rows `gemm` would spend most of its time packing the weight into its own layout.)
 //!
-//! - **NF4**: eight bytes hold sixteen 4-bit codes. They are spread to sixteen 32-bit lanes
-//!   (each byte twice, the even lane shifted right by four), and `_mm512_permutexvar_ps` looks
-//!   all sixteen up at once in the 16-entry code table, which holds one register. The table is
-//!   multiplied by the block's absmax once per 64 weights, so each weight is
+//! - **NF4**: sixteen bytes hold 32 4-bit codes. They widen to sixteen 32-bit lanes, one byte
+//!   each, and `_mm512_permutexvar_ps` looks sixteen codes up at once in the 16-entry code table,
+//!   which holds one register: the lanes shifted right by four give the 16 even elements (high
+//!   nibbles), the lanes as they are the 16 odd ones (the lookup reads an index's low four bits).
+//!   The table is multiplied by the block's absmax once per 64 weights, so each weight is
 //!   `table[code] · absmax` exactly as the format defines it ([`crate::nf4::format`]).
-//! - **bf16**: sixteen values widen to f32 by a shift of their bits (exact).
+//! - **bf16**: 32 values are sixteen 32-bit lanes; the lanes shifted left by 16 are the even
+//!   elements as f32, the lanes with their low half cleared the odd ones (exact, no shuffles).
+//! - **f32**: read as they are.
+//!
+//! Since NF4 and bf16 weights come out as 16 even then 16 odd elements of each 32, the input
+//! rows are rearranged the same way once per call, and the dot products are unchanged.
 //!
 //! Output rows are split between threads; each weight row is multiplied by all `m` input rows
 //! with independent accumulators. The kernels are compiled for AVX-512 and chosen at run time
@@ -47,8 +54,10 @@ pub enum Weight<'a> {
         /// The 16 code values.
         table: &'a [f32; 16],
     },
-    /// Raw bf16 bits, row-major. Needs `cols` to be a multiple of 16.
+    /// Raw bf16 bits, row-major. Needs `cols` to be a multiple of 32.
     Bf16(&'a [u16]),
+    /// f32 values, row-major. Needs `cols` to be a multiple of 16.
+    F32(&'a [f32]),
 }
 
 impl Weight<'_> {
@@ -56,7 +65,8 @@ impl Weight<'_> {
     pub fn supports(&self, cols: usize) -> bool {
         match self {
             Weight::Nf4 { .. } => cols.is_multiple_of(BLOCK),
-            Weight::Bf16(_) => cols.is_multiple_of(16),
+            Weight::Bf16(_) => cols.is_multiple_of(32),
+            Weight::F32(_) => cols.is_multiple_of(16),
         }
     }
 }
@@ -81,7 +91,21 @@ pub fn linear(
             assert!(absmax.len() >= rows * cols / BLOCK, "absmax is too short");
         }
         Weight::Bf16(w) => assert_eq!(w.len(), rows * cols, "weight has the wrong size"),
+        Weight::F32(w) => assert_eq!(w.len(), rows * cols, "weight has the wrong size"),
     }
+    // NF4 and bf16 weights decode to the even then the odd elements of every 32: rearrange
+    // the inputs to match (once per call, `m × cols` values).
+    let deinterleaved: Vec<f32>;
+    let x = match weight {
+        Weight::F32(_) => x,
+        Weight::Nf4 { .. } | Weight::Bf16(_) => {
+            deinterleaved = x
+                .chunks_exact(32)
+                .flat_map(|c| (0..32).map(move |k| c[(2 * k) % 32 + k / 16]))
+                .collect();
+            &deinterleaved
+        }
+    };
     let mut out = vec![0f32; m * rows];
     // Rows per task: enough work per task to amortise scheduling, several tasks per thread.
     let chunk = (rows / (8 * rayon::current_num_threads().max(1))).clamp(4, 256);
@@ -126,7 +150,8 @@ mod avx512 {
         cols: usize,
         dst: *mut f32,
     ) {
-        // One instantiation per row count: the accumulators live in registers.
+        // One instantiation per input row count (and weight rows per step): the accumulators
+        // live in registers.
         macro_rules! dispatch {
             ($($m:literal => $a:literal),*) => {
                 match m {
@@ -136,37 +161,13 @@ mod avx512 {
             };
         }
         // SAFETY: forwarded from the caller.
-        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 2, 4 => 2, 5 => 1, 6 => 1, 7 => 1, 8 => 1) }
+        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 2, 4 => 2, 5 => 2, 6 => 2, 7 => 2, 8 => 2) }
     }
 
-    /// Sixteen NF4 weights `table[code] · absmax` from eight bytes (sixteen codes, the even
-    /// element in the high nibble), given the table already scaled by the block's absmax.
+    /// Output rows `r0 .. r1` for `M` input rows, `R` weight rows at a time (tail rows one at
+    /// a time).
     #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn nf4_16(bytes: u64, scaled_table: __m512) -> __m512 {
-        // [b0, b0, b1, b1, …, b7, b7] as 32-bit lanes; the even lanes take the high nibble.
-        let doubled = _mm_unpacklo_epi8(
-            _mm_cvtsi64_si128(bytes as i64),
-            _mm_cvtsi64_si128(bytes as i64),
-        );
-        let lanes = _mm512_cvtepu8_epi32(doubled);
-        let shift = _mm512_set_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-        // permutexvar reads the index's low four bits: the odd lanes need no mask.
-        _mm512_permutexvar_ps(_mm512_srlv_epi32(lanes, shift), scaled_table)
-    }
-
-    /// Sixteen bf16 values widened to f32.
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn bf16_16(ptr: *const u16) -> __m512 {
-        // SAFETY: the caller passes 16 readable values.
-        let raw = unsafe { _mm256_loadu_si256(ptr.cast()) };
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))
-    }
-
-    /// `M` input rows, `A` accumulators per input row (independent chains for few rows).
-    #[target_feature(enable = "avx512f")]
-    unsafe fn row_range<const M: usize, const A: usize>(
+    unsafe fn row_range<const M: usize, const R: usize>(
         x: &[f32],
         weight: Weight<'_>,
         r0: usize,
@@ -175,56 +176,111 @@ mod avx512 {
         cols: usize,
         dst: *mut f32,
     ) {
+        let mut r = r0;
+        while r + R <= r1 {
+            // SAFETY: forwarded from the caller.
+            unsafe { group::<M, R>(x, weight, r, rows, cols, dst) };
+            r += R;
+        }
+        while r < r1 {
+            // SAFETY: forwarded from the caller.
+            unsafe { group::<M, 1>(x, weight, r, rows, cols, dst) };
+            r += 1;
+        }
+    }
+
+    /// Weight rows `r .. r + R` times `M` input rows: `M × R` accumulators, so each input
+    /// vector loaded serves `R` weight rows and each weight vector `M` input rows, and there
+    /// are always several independent chains of multiply-adds.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn group<const M: usize, const R: usize>(
+        x: &[f32],
+        weight: Weight<'_>,
+        r: usize,
+        rows: usize,
+        cols: usize,
+        dst: *mut f32,
+    ) {
         let xp = x.as_ptr();
-        for r in r0..r1 {
-            let mut acc = [[_mm512_setzero_ps(); A]; M];
-            match weight {
-                Weight::Nf4 {
-                    words,
-                    absmax,
-                    table,
-                } => {
-                    // SAFETY: 16 floats.
-                    let table = unsafe { _mm512_loadu_ps(table.as_ptr()) };
-                    let bytes = words.as_ptr().cast::<u64>();
-                    let first = r * cols / BLOCK;
-                    for b in 0..cols / BLOCK {
-                        let scaled = _mm512_mul_ps(table, _mm512_set1_ps(absmax[first + b]));
-                        for g in 0..4 {
-                            // SAFETY: block `first + b` is words 8·(first + b) .. + 8, inside
-                            // the codes (checked by the caller); eight bytes per group.
-                            let w = unsafe {
-                                nf4_16(bytes.add((first + b) * 4 + g).read_unaligned(), scaled)
-                            };
-                            let c = b * BLOCK + g * 16;
-                            for (i, acc) in acc.iter_mut().enumerate() {
-                                // SAFETY: row i of x holds `cols` values.
-                                let xv = unsafe { _mm512_loadu_ps(xp.add(i * cols + c)) };
-                                acc[g % A] = _mm512_fmadd_ps(w, xv, acc[g % A]);
-                            }
-                        }
-                    }
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        // acc[i][j] += w[j] · x[i, c .. c + 16]
+        let mut accumulate = |w: &[__m512; R], c: usize| {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row i of x holds `cols` values and c + 16 <= cols.
+                let xv = unsafe { _mm512_loadu_ps(xp.add(i * cols + c)) };
+                for (a, w) in acc.iter_mut().zip(w) {
+                    *a = _mm512_fmadd_ps(*w, xv, *a);
                 }
-                Weight::Bf16(w) => {
-                    let wp = w.as_ptr();
-                    for (k, c) in (0..cols).step_by(16).enumerate() {
-                        // SAFETY: row r holds `cols` values, a multiple of 16.
-                        let wv = unsafe { bf16_16(wp.add(r * cols + c)) };
-                        for (i, acc) in acc.iter_mut().enumerate() {
-                            // SAFETY: row i of x holds `cols` values.
-                            let xv = unsafe { _mm512_loadu_ps(xp.add(i * cols + c)) };
-                            acc[k % A] = _mm512_fmadd_ps(wv, xv, acc[k % A]);
-                        }
+            }
+        };
+        match weight {
+            Weight::Nf4 {
+                words,
+                absmax,
+                table,
+            } => {
+                // SAFETY: 16 floats.
+                let table = unsafe { _mm512_loadu_ps(table.as_ptr()) };
+                let bytes = words.as_ptr().cast::<u8>();
+                let blocks = cols / BLOCK;
+                for b in 0..blocks {
+                    let block = |j: usize| (r + j) * blocks + b;
+                    let scaled: [__m512; R] = std::array::from_fn(|j| {
+                        _mm512_mul_ps(table, _mm512_set1_ps(absmax[block(j)]))
+                    });
+                    for half in 0..2 {
+                        // SAFETY: block k is bytes 32k .. 32k + 32, inside the codes (checked
+                        // by the caller).
+                        let lanes: [__m512i; R] = std::array::from_fn(|j| unsafe {
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                bytes.add(block(j) * 32 + half * 16).cast(),
+                            ))
+                        });
+                        let even: [__m512; R] = std::array::from_fn(|j| {
+                            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(lanes[j]), scaled[j])
+                        });
+                        let odd: [__m512; R] =
+                            std::array::from_fn(|j| _mm512_permutexvar_ps(lanes[j], scaled[j]));
+                        let c = b * BLOCK + half * 32;
+                        accumulate(&even, c);
+                        accumulate(&odd, c + 16);
                     }
                 }
             }
-            for (i, acc) in acc.iter().enumerate() {
-                let mut sum = acc[0];
-                for a in &acc[1..] {
-                    sum = _mm512_add_ps(sum, *a);
+            Weight::F32(w) => {
+                let wp = w.as_ptr();
+                for c in (0..cols).step_by(16) {
+                    // SAFETY: rows r .. r + R hold `cols` values each, a multiple of 16.
+                    let w: [__m512; R] = std::array::from_fn(|j| unsafe {
+                        _mm512_loadu_ps(wp.add((r + j) * cols + c))
+                    });
+                    accumulate(&w, c);
                 }
-                // SAFETY: i < m and r < rows (caller's contract).
-                unsafe { *dst.add(i * rows + r) = _mm512_reduce_add_ps(sum) };
+            }
+            Weight::Bf16(w) => {
+                let wp = w.as_ptr();
+                let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+                for c in (0..cols).step_by(32) {
+                    // SAFETY: rows r .. r + R hold `cols` values each, a multiple of 32.
+                    let lanes: [__m512i; R] = std::array::from_fn(|j| unsafe {
+                        _mm512_loadu_si512(wp.add((r + j) * cols + c).cast())
+                    });
+                    let even: [__m512; R] = std::array::from_fn(|j| {
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(lanes[j]))
+                    });
+                    let odd: [__m512; R] = std::array::from_fn(|j| {
+                        _mm512_castsi512_ps(_mm512_and_si512(lanes[j], high))
+                    });
+                    accumulate(&even, c);
+                    accumulate(&odd, c + 16);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (j, a) in acc.iter().enumerate() {
+                // SAFETY: i < m and r + j < rows (caller's contract).
+                unsafe { *dst.add(i * rows + r + j) = _mm512_reduce_add_ps(*a) };
             }
         }
     }
@@ -252,7 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn nf4_and_bf16_kernels_match_the_dequantized_product() {
+    fn nf4_bf16_and_f32_kernels_match_the_dequantized_product() {
         if !available() {
             eprintln!("no AVX-512 on this CPU: the kernels are not used, nothing to compare");
             return;
@@ -291,6 +347,8 @@ mod tests {
             );
             let y = linear(&x, m, Weight::Bf16(&bf16), rows, cols).unwrap();
             check(&y, &x, &widened, m, rows, cols);
+            let y = linear(&x, m, Weight::F32(&w), rows, cols).unwrap();
+            check(&y, &x, &w, m, rows, cols);
         }
     }
 
