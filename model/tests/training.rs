@@ -226,7 +226,7 @@ fn packed_attention_matches_naive_and_its_backward_matches_autodiff() {
     }
 }
 
-/// The CPU backend's host attention kernel (`backend::attention`) against the naive version and
+/// The CPU backend's host attention kernels (`backend::attention`) against the naive version and
 /// the reference built from tensor operations: packed sequences (output and log-sum-exp), and
 /// cached sequences read in place from views of larger buffers, as the KV cache hands them out.
 #[test]
@@ -311,6 +311,37 @@ fn cpu_attention_kernel_matches_naive_and_reference() {
         &values(float::<Cpu, 2>(want)),
     );
     assert!(diff < 1e-5, "cached: {diff}");
+    // The backward pass against the reference's, from the same saved output and log-sum-exp.
+    let q = seeded([n, 48], 27).inner();
+    let k = seeded([n, 16], 28).inner();
+    let v = seeded([n, 16], 29).inner();
+    let dout = seeded([n, 48], 30).inner();
+    let (out, lse) = reference::packed_attention::<Cpu>(
+        prim(q.clone()),
+        prim(k.clone()),
+        prim(v.clone()),
+        &spans,
+        heads,
+    );
+    let args = || {
+        (
+            prim(q.clone()),
+            prim(k.clone()),
+            prim(v.clone()),
+            out.clone(),
+            lse.clone(),
+            prim(dout.clone()),
+        )
+    };
+    let (a, b, c, d, e, f) = args();
+    let got = Cpu::attention_backward(a, b, c, d, e, f, &spans, heads);
+    let (a, b, c, d, e, f) = args();
+    let want = reference::attention_backward::<Cpu>(a, b, c, d, e, f, &spans, heads);
+    let pairs = [(got.0, want.0), (got.1, want.1), (got.2, want.2)];
+    for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(pairs) {
+        let diff = max_diff(&values(float::<Cpu, 2>(g)), &values(float::<Cpu, 2>(w)));
+        assert!(diff < 1e-5, "{name}: {diff}");
+    }
 }
 
 fn tiny_config(tied: bool) -> Qwen2Config {

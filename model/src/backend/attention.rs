@@ -12,6 +12,12 @@
 //! writing the output rows in place. A single query (decoding) stacks its group's query heads
 //! into one `gemm` call, since they are adjacent in memory. Each query also gets the
 //! log-sum-exp of its scaled scores, which the memory-lean backward pass needs.
+//!
+//! The backward pass ([`attention_backward`], packed sequences) is the flash-attention one, as
+//! in the reference: per query block and head it recomputes the probabilities from the saved
+//! log-sum-exp, and gets `dQ`, `dK` and `dV` from five `gemm` calls. Its tasks are one sequence
+//! and one key/value head each, since every query block adds into the same keys' and values'
+//! gradients.
 
 use rayon::prelude::*;
 
@@ -239,6 +245,243 @@ unsafe fn block(
                 gemm::Parallelism::None,
             );
         }
+    }
+}
+
+/// Gradients of [`attention`] over packed sequences with nothing cached (`past = 0`): `q`,
+/// `out` and `grad` (the output's gradient) are `[n, heads · head_dim]`, `k` and `v`
+/// `[n, kv_heads · head_dim]`, `lse` `[n, heads]` as [`attention`] returned it; `spans` are
+/// `(start, len)` of each sequence. Returns `(dq, dk, dv)` in the layouts of `q`, `k` and `v`.
+///
+/// # Panics
+/// If the slices do not have the sizes the layout implies.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    grad: &[f32],
+    spans: &[(usize, usize)],
+    heads: Heads,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (h, kvh, d) = (heads.heads, heads.kv_heads, heads.head_dim);
+    let n = lse.len() / h.max(1);
+    assert!(
+        q.len() == n * h * d && out.len() == q.len() && grad.len() == q.len(),
+        "queries, output or gradient have the wrong size"
+    );
+    assert!(
+        k.len() == n * kvh * d && v.len() == k.len(),
+        "keys or values have the wrong size"
+    );
+    assert!(
+        spans.iter().all(|&(s, l)| s + l <= n),
+        "a sequence lies outside the rows"
+    );
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; q.len()],
+        vec![0f32; k.len()],
+        vec![0f32; k.len()],
+    );
+    let tasks: Vec<(usize, usize)> = (0..spans.len())
+        .flat_map(|i| (0..kvh).map(move |g| (i, g)))
+        .collect();
+    let ptrs = (
+        dq.as_mut_ptr() as usize,
+        dk.as_mut_ptr() as usize,
+        dv.as_mut_ptr() as usize,
+    );
+    let inputs = BackwardInputs {
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad,
+        heads,
+    };
+    tasks.into_par_iter().for_each(|(i, g)| {
+        let (start, len) = spans[i];
+        // SAFETY: this task writes only the rows start .. start + len of the heads of key/value
+        // head g (dq) and of key/value head g itself (dk, dv), which no other task touches;
+        // the buffers outlive the loop and every read was size-checked above.
+        unsafe {
+            sequence_backward(
+                &inputs,
+                start,
+                len,
+                g,
+                ptrs.0 as *mut f32,
+                ptrs.1 as *mut f32,
+                ptrs.2 as *mut f32,
+            )
+        }
+    });
+    (dq, dk, dv)
+}
+
+/// The inputs of [`attention_backward`], shared by its tasks.
+struct BackwardInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    out: &'a [f32],
+    lse: &'a [f32],
+    grad: &'a [f32],
+    heads: Heads,
+}
+
+/// One `gemm` call `dst = a · b (+ dst)` on row/column strides (`(rs, cs)` for each matrix).
+///
+/// # Safety
+/// Every matrix must lie inside its allocation for the given shape and strides.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    (dst_rs, dst_cs): (usize, usize),
+    accumulate: bool,
+    a: *const f32,
+    (a_rs, a_cs): (usize, usize),
+    b: *const f32,
+    (b_rs, b_cs): (usize, usize),
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs as isize,
+            dst_rs as isize,
+            accumulate,
+            a,
+            a_cs as isize,
+            a_rs as isize,
+            b,
+            b_cs as isize,
+            b_rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// The gradients of one sequence for the query heads of key/value head `g`.
+///
+/// # Safety
+/// `dq`, `dk`, `dv` must be the output buffers of [`attention_backward`] and no other thread
+/// may touch this sequence's rows of head `g`'s columns.
+unsafe fn sequence_backward(
+    x: &BackwardInputs<'_>,
+    start: usize,
+    len: usize,
+    g: usize,
+    dq: *mut f32,
+    dk: *mut f32,
+    dv: *mut f32,
+) {
+    let heads = x.heads;
+    let (h, kvh, d, group) = (heads.heads, heads.kv_heads, heads.head_dim, heads.group());
+    let (width, kv_width) = (h * d, kvh * d);
+    let scale = heads.scale() as f32;
+    let kv_at = start * kv_width + g * d;
+    let mut p = vec![0f32; BLOCK * len];
+    let mut dp = vec![0f32; BLOCK * len];
+    let mut delta = vec![0f32; BLOCK];
+    let mut first = 0;
+    while first < len {
+        let nb = BLOCK.min(len - first);
+        let visible = first + nb;
+        for hh in g * group..(g + 1) * group {
+            let q_at = (start + first) * width + hh * d;
+            // delta_i = dO_i · O_i
+            for (i, dl) in delta[..nb].iter_mut().enumerate() {
+                let row = q_at + i * width;
+                *dl = (0..d).map(|c| x.grad[row + c] * x.out[row + c]).sum();
+            }
+            // SAFETY (all products): the queries, output gradients and their gradient are nb
+            // rows of d values from q_at (stride width) inside q/grad/dq; keys, values and their
+            // gradients `visible` rows of d values from kv_at (stride kv_width) inside k/v/dk/dv;
+            // p and dp hold nb × visible values (stride visible).
+            unsafe {
+                // S = Q Kᵀ and dP = dO Vᵀ
+                product(
+                    (nb, visible, d),
+                    p.as_mut_ptr(),
+                    (visible, 1),
+                    false,
+                    x.q.as_ptr().add(q_at),
+                    (width, 1),
+                    x.k.as_ptr().add(kv_at),
+                    (1, kv_width),
+                );
+                product(
+                    (nb, visible, d),
+                    dp.as_mut_ptr(),
+                    (visible, 1),
+                    false,
+                    x.grad.as_ptr().add(q_at),
+                    (width, 1),
+                    x.v.as_ptr().add(kv_at),
+                    (1, kv_width),
+                );
+            }
+            for i in 0..nb {
+                let limit = first + i + 1;
+                let lse = x.lse[(start + first + i) * h + hh];
+                let row = &mut p[i * visible..(i + 1) * visible];
+                let drow = &mut dp[i * visible..(i + 1) * visible];
+                for (pj, dpj) in row[..limit].iter_mut().zip(&mut drow[..limit]) {
+                    // P = exp(S · scale − lse); dS = P ∘ (dP − delta) · scale
+                    *pj = (*pj * scale - lse).exp();
+                    *dpj = *pj * (*dpj - delta[i]) * scale;
+                }
+                row[limit..].fill(0.0);
+                drow[limit..].fill(0.0);
+            }
+            unsafe {
+                // dQ = dS K;  dK += dSᵀ Q;  dV += Pᵀ dO
+                product(
+                    (nb, d, visible),
+                    dq.add(q_at),
+                    (width, 1),
+                    false,
+                    dp.as_ptr(),
+                    (visible, 1),
+                    x.k.as_ptr().add(kv_at),
+                    (kv_width, 1),
+                );
+                product(
+                    (visible, d, nb),
+                    dk.add(kv_at),
+                    (kv_width, 1),
+                    true,
+                    dp.as_ptr(),
+                    (1, visible),
+                    x.q.as_ptr().add(q_at),
+                    (width, 1),
+                );
+                product(
+                    (visible, d, nb),
+                    dv.add(kv_at),
+                    (kv_width, 1),
+                    true,
+                    p.as_ptr(),
+                    (1, visible),
+                    x.grad.as_ptr().add(q_at),
+                    (width, 1),
+                );
+            }
+        }
+        first += nb;
     }
 }
 

@@ -10,9 +10,11 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
+use std::borrow::Cow;
+
 use super::attention::{self, KvView, Sequence};
 use super::gemv::{self, Weight};
-use super::{Heads, ModelBackend, SequenceKv, Span, reference};
+use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference};
 use crate::nf4::cpu;
 
 /// Input rows up to which projections use the AVX-512 kernels of
@@ -68,6 +70,43 @@ fn with_bf16<R>(tensor: &FlexTensor, f: impl FnOnce(&[u16]) -> R) -> R {
 fn bf16_bits(values: &[half::bf16]) -> &[u16] {
     // SAFETY: `half::bf16` is `repr(transparent)` over `u16`.
     unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u16>(), values.len()) }
+}
+
+/// The f32 values of a Flex float tensor, row-major: borrowed when it is contiguous f32.
+fn f32s(tensor: &FlexTensor) -> Cow<'_, [f32]> {
+    match tensor.as_slice::<f32>() {
+        Some(values) => Cow::Borrowed(values),
+        None => Cow::Owned(with_f32(tensor, <[f32]>::to_vec)),
+    }
+}
+
+/// A tensor's values as a vector, without a copy when it owns them alone (f32, contiguous).
+fn into_f32_vec(tensor: FlexTensor) -> Vec<f32> {
+    let data = tensor.into_data();
+    match data.dtype {
+        // burn copies into a new vector when the bytes cannot be taken over as they are; an f32
+        // buffer always casts to f32 values.
+        DType::F32 => data
+            .into_vec::<f32>()
+            .expect("f32 tensor data converts to f32 values"),
+        _ => data.iter::<f32>().collect(),
+    }
+}
+
+/// The token ids of an Int tensor, when all lie below `vocab`.
+fn token_ids(targets: &IntTensor<Flex>, vocab: usize) -> Option<Vec<u32>> {
+    let data = Tensor::<Flex, 1, Int>::from_primitive(targets.clone()).into_data();
+    data.iter::<i64>()
+        .map(|t| (0..vocab as i64).contains(&t).then_some(t as u32))
+        .collect()
+}
+
+/// The output rows (vocabulary size) of a head.
+fn head_rows(head: &Head<Flex>) -> usize {
+    match head {
+        Head::Dense(w) => w.shape()[0],
+        Head::Nf4 { rows, .. } => *rows,
+    }
 }
 
 fn flex_float(values: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
@@ -296,6 +335,99 @@ impl ModelBackend for Flex {
             attention::attention(qs, &seqs, heads)
         });
         flex_float(out, [n, heads.heads * heads.head_dim])
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if [&q, &k, &v, &out, &lse, &grad]
+            .iter()
+            .any(|t| t.dtype() != DType::F32)
+        {
+            return reference::attention_backward::<Self>(q, k, v, out, lse, grad, spans, heads);
+        }
+        let n = q.shape()[0];
+        let spans: Vec<(usize, usize)> = spans.iter().map(|s| (s.start, s.len)).collect();
+        let (dq, dk, dv) = attention::attention_backward(
+            &f32s(&q),
+            &f32s(&k),
+            &f32s(&v),
+            &f32s(&out),
+            &f32s(&lse),
+            &f32s(&grad),
+            &spans,
+            heads,
+        );
+        let kv_width = heads.kv_heads * heads.head_dim;
+        (
+            flex_float(dq, [n, heads.heads * heads.head_dim]),
+            flex_float(dk, [n, kv_width]),
+            flex_float(dv, [n, kv_width]),
+        )
+    }
+
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+    ) -> FloatTensor<Self> {
+        let ids = token_ids(&targets, head_rows(head));
+        let (Some(ids), DType::F32) = (ids, hidden.dtype()) else {
+            return reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk);
+        };
+        let [n, width] = [hidden.shape()[0], hidden.shape()[1]];
+        let out = logprobs::token_logprobs(
+            &f32s(&hidden),
+            width,
+            &ids,
+            temperature as f32,
+            chunk,
+            |x, m| into_f32_vec(head.forward(flex_float(x.to_vec(), [m, width]))),
+        );
+        flex_float(out, [n, 2])
+    }
+
+    fn token_logprobs_backward(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let vocab = head_rows(head);
+        let ids = token_ids(&targets, vocab);
+        let (Some(ids), DType::F32, DType::F32) = (ids, hidden.dtype(), grad.dtype()) else {
+            return reference::token_logprobs_backward::<Self>(
+                hidden,
+                head,
+                targets,
+                temperature,
+                chunk,
+                grad,
+            );
+        };
+        let [n, width] = [hidden.shape()[0], hidden.shape()[1]];
+        let out = logprobs::token_logprobs_backward(
+            &f32s(&hidden),
+            width,
+            &ids,
+            temperature as f32,
+            chunk,
+            &f32s(&grad),
+            |x, m| into_f32_vec(head.forward(flex_float(x.to_vec(), [m, width]))),
+            |dz, m| into_f32_vec(head.backward(flex_float(dz, [m, vocab]))),
+        );
+        flex_float(out, [n, width])
     }
 }
 
