@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (see docs/benchmarks.md): runs the stripped `cuda_report` binary
-# carried in .gpu/ (built here with `cargo build --release -p fathom-model --features cuda
-# --example cuda_report`), then the PyTorch/transformers peers on the same shapes and checkpoint.
+# carried in .gpu/ (built here with `cargo build --release -p fathom-model --features cuda,bench
+# --example cuda_report`): parity, throughput, and the QLoRA training step (time and peak device
+# memory); then the PyTorch/transformers peers on the same shapes and checkpoint.
 # Usage on the device machine: OUT=dir bash scripts/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -13,8 +14,14 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${NV}:${LD_
 ls /usr/local/cuda/lib64/libnvrtc* 2>/dev/null | head -3
 export PYTHONUNBUFFERED=1
 echo "== cuda_report"
-timeout 300 .gpu/cuda_report fixtures /tmp/q05 2>&1 | tee "$OUT/cuda_report.jsonl"
+# Device memory of the whole process, sampled every 100 ms while the report runs (its last
+# section is the QLoRA training step; the report itself prints what the allocator reserved).
+nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/gpu_memory.csv" &
+SMI=$!
+timeout 480 .gpu/cuda_report fixtures /tmp/q05 2>&1 | tee "$OUT/cuda_report.jsonl"
 echo "rc=${PIPESTATUS[0]}"
+kill "$SMI" 2>/dev/null
+echo "peak device memory (MiB, whole process): $(cut -d, -f2 "$OUT/gpu_memory.csv" | sort -n | tail -1)"
 echo "== peer: torch matmul"
 timeout 60 python3 scripts/peer_matmul.py 2>&1 | tee "$OUT/peer_matmul.json"
 echo "== peer: transformers 0.5B"

@@ -1,14 +1,16 @@
 //! The CUDA check run on a GPU machine: parity of the CubeCL NF4 kernel and of the fixture
 //! models on CUDA against the CPU path and `transformers`, then throughput figures (NF4 against
-//! dense f32, one Qwen2.5-Coder-1.5B-shape forward pass, decode throughput). Prints one JSON line
-//! per check; exits non-zero if a parity check fails.
+//! dense f32, one Qwen2.5-Coder-1.5B-shape forward pass, decode throughput) and the QLoRA
+//! training step of `cargo xtask bench train-step` (1.5B shape, NF4 base, 1024 tokens, with and
+//! without checkpointing: step time and the device memory the allocator reserved). Prints one
+//! JSON line per check; exits non-zero if a parity check fails.
 //!
 //! `cargo run --release -p fathom-model --features cuda --example cuda_report -- FIXTURES_DIR [OUT_DIR]`
 //! (OUT_DIR receives a random Qwen2.5-0.5B-shape checkpoint for a peer to load).
 
 use std::path::{Path, PathBuf};
 
-use fathom_model::bench::{Protocol, forward_pass, nf4_matmul, throughput};
+use fathom_model::bench::{Protocol, TrainStepBench, forward_pass, nf4_matmul, throughput, train_step};
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::linear::Nf4Weight;
 use fathom_model::save::SaveDtype;
@@ -183,6 +185,30 @@ fn main() -> R {
         "{}",
         json!({"bench": "throughput_qwen2.5-1.5b_nf4", "backend": "cuda", "figures": t})
     );
+    // 4. One QLoRA training step, as `cargo xtask bench train-step --shape qwen1-5b --nf4
+    //    --tokens 1024 [--checkpointing]` runs it on the CPU. The allocator keeps the pages it
+    //    reserved, so what it holds after the steps bounds the step's peak from above (the
+    //    script also samples `nvidia-smi` for the whole process).
+    use cubecl::Runtime;
+    let client = cubecl::cuda::CudaRuntime::client(&device);
+    for checkpointing in [false, true] {
+        let bench = TrainStepBench {
+            tokens: 1024,
+            nf4: true,
+            checkpointing,
+            steps: 2,
+            chunk: fathom_model::qwen2::DEFAULT_LOGPROB_CHUNK,
+        };
+        let mut f = train_step::<Cuda>(Qwen2Config::qwen2_5_1_5b(), &bench, &device)?;
+        if let Ok(usage) = client.memory_usage() {
+            f["device_bytes_in_use"] = usage.bytes_in_use.into();
+            f["device_bytes_reserved"] = usage.bytes_reserved.into();
+        }
+        println!(
+            "{}",
+            json!({"bench": "train_step_qwen2.5-1.5b_nf4", "backend": "cuda", "figures": f})
+        );
+    }
     if !ok {
         return Err("a parity check failed".into());
     }

@@ -8,11 +8,6 @@ use fathom_model::checkpoint::Checkpoint;
 use fathom_model::nf4::export::{QuantizeOptions, StorageDtype, quantize_checkpoint};
 use fathom_model::{Cpu, LoadOptions, Qwen2ForCausalLM};
 
-fn ours_source(weight: &str) -> Vec<f32> {
-    let ck = Checkpoint::open_dir(&fixture("tiny-qwen2")).unwrap();
-    ck.f32(weight, &ck.shape(weight).unwrap()).unwrap()
-}
-
 fn compare(double_quant: bool, reference: &str) {
     let out = tempfile::tempdir().unwrap();
     let report = quantize_checkpoint(
@@ -21,6 +16,7 @@ fn compare(double_quant: bool, reference: &str) {
         QuantizeOptions {
             double_quant,
             dtype: Some(StorageDtype::F32),
+            torch_threads: 1,
         },
     )
     .unwrap();
@@ -28,7 +24,6 @@ fn compare(double_quant: bool, reference: &str) {
     let ours = Checkpoint::open_dir(out.path()).unwrap();
     let theirs = Checkpoint::open_dir(&fixture(reference)).unwrap();
     assert_eq!(ours.names(), theirs.names(), "same keys");
-    let mut near_midpoint = 0;
     for name in theirs.names() {
         let (a, b) = (ours.raw(&name).unwrap(), theirs.raw(&name).unwrap());
         assert_eq!(
@@ -36,42 +31,8 @@ fn compare(double_quant: bool, reference: &str) {
             (b.dtype, &b.shape),
             "{name}: dtype/shape"
         );
-        if a.data == b.data {
-            continue;
-        }
-        // The one known divergence (docs/nf4.md): in `tiny-qwen2-nf4`, 2 of its 1536 8-bit
-        // absmax codes differ by one step from the nearest-entry rule that reproduces every
-        // other code (and all of `nf4-vectors.safetensors`); both sit within 1% of the midpoint
-        // between two entries of the dynamic map. Anything else is a failure.
-        assert!(
-            double_quant && name.ends_with(".absmax") && a.dtype == safetensors::Dtype::U8,
-            "{name}: bytes differ"
-        );
-        let weight = name.trim_end_matches(".absmax");
-        let w = ours_source(weight);
-        let q = fathom_model::nf4::format::quantize_nf4(&w);
-        let nested = fathom_model::nf4::format::quantize_absmax(&q.absmax);
-        let code = fathom_model::nf4::format::dynamic_map();
-        for (i, (x, y)) in a.data.iter().zip(b.data).enumerate() {
-            if x == y {
-                continue;
-            }
-            assert_eq!(
-                (*x as i32 - *y as i32).abs(),
-                1,
-                "{name}[{i}]: codes {x} vs {y}"
-            );
-            let lo = (*x).min(*y) as usize;
-            let mid = (code[lo] + code[lo + 1]) / 2.0;
-            let normed = (q.absmax[i] - nested.offset) / nested.nested_absmax[i / 256];
-            assert!(
-                ((normed - mid) / (code[lo + 1] - code[lo])).abs() < 0.01,
-                "{name}[{i}]: not at a midpoint"
-            );
-            near_midpoint += 1;
-        }
+        assert!(a.data == b.data, "{name}: bytes differ");
     }
-    assert!(near_midpoint <= 2, "{near_midpoint} absmax codes differ");
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("config.json")).unwrap())
             .unwrap();
@@ -134,6 +95,7 @@ fn already_quantized_input_is_refused() {
         QuantizeOptions {
             double_quant: true,
             dtype: None,
+            torch_threads: 1,
         },
     )
     .unwrap_err()

@@ -226,6 +226,124 @@ fn packed_attention_matches_naive_and_its_backward_matches_autodiff() {
     }
 }
 
+/// The CPU backend's host attention kernels (`backend::attention`) against the naive version and
+/// the reference built from tensor operations: packed sequences (output and log-sum-exp), and
+/// cached sequences read in place from views of larger buffers, as the KV cache hands them out.
+#[test]
+fn cpu_attention_kernel_matches_naive_and_reference() {
+    let heads = Heads {
+        heads: 6,
+        kv_heads: 2,
+        head_dim: 8,
+    };
+    let spans = [
+        Span { start: 0, len: 70 },
+        Span { start: 70, len: 1 },
+        Span { start: 71, len: 9 },
+    ];
+    let n = 80;
+    let q = seeded([n, 48], 21).inner();
+    let k = seeded([n, 16], 22).inner();
+    let v = seeded([n, 16], 23).inner();
+    let (out, lse) = Cpu::packed_attention(
+        prim(q.clone()),
+        prim(k.clone()),
+        prim(v.clone()),
+        &spans,
+        heads,
+    );
+    let (want_out, want_lse) = reference::packed_attention::<Cpu>(
+        prim(q.clone()),
+        prim(k.clone()),
+        prim(v.clone()),
+        &spans,
+        heads,
+    );
+    let out = values(float::<Cpu, 2>(out));
+    let naive = naive_attention(
+        &values(q.clone()),
+        &values(k.clone()),
+        &values(v.clone()),
+        &spans,
+        heads,
+    );
+    assert!(max_diff(&out, &naive) < 1e-5, "against naive");
+    assert!(
+        max_diff(&out, &values(float::<Cpu, 2>(want_out))) < 1e-5,
+        "against reference"
+    );
+    let diff = max_diff(
+        &values(float::<Cpu, 2>(lse)),
+        &values(float::<Cpu, 2>(want_lse)),
+    );
+    assert!(diff < 1e-5, "log-sum-exp: {diff}");
+    // Cached: each sequence's keys and values are the first positions of a larger
+    // [kv_heads, capacity, head_dim] buffer; the new queries are its last `len` positions.
+    let capacity = 96;
+    let cache = |seed: u64| {
+        seeded([2 * capacity, 8], seed)
+            .inner()
+            .reshape([2, capacity, 8])
+    };
+    let (kc, vc) = (cache(24), cache(25));
+    let lens = [(40, 1), (33, 4), (7, 7)]; // (positions cached including the new ones, new)
+    let mut start = 0;
+    let mut cached_spans = Vec::new();
+    let mut kv = Vec::new();
+    for &(positions, new) in &lens {
+        cached_spans.push(Span { start, len: new });
+        start += new;
+        kv.push((
+            kc.clone().narrow(1, 0, positions),
+            vc.clone().narrow(1, 0, positions),
+        ));
+    }
+    let q = seeded([start, 48], 26).inner();
+    let prims = |kv: &[(Tensor<Cpu, 3>, Tensor<Cpu, 3>)]| {
+        kv.iter()
+            .map(|(k, v)| (prim(k.clone()), prim(v.clone())))
+            .collect::<Vec<_>>()
+    };
+    let got = Cpu::cached_attention(prim(q.clone()), prims(&kv), &cached_spans, heads);
+    let want = reference::cached_attention::<Cpu>(prim(q), prims(&kv), &cached_spans, heads);
+    let diff = max_diff(
+        &values(float::<Cpu, 2>(got)),
+        &values(float::<Cpu, 2>(want)),
+    );
+    assert!(diff < 1e-5, "cached: {diff}");
+    // The backward pass against the reference's, from the same saved output and log-sum-exp.
+    let q = seeded([n, 48], 27).inner();
+    let k = seeded([n, 16], 28).inner();
+    let v = seeded([n, 16], 29).inner();
+    let dout = seeded([n, 48], 30).inner();
+    let (out, lse) = reference::packed_attention::<Cpu>(
+        prim(q.clone()),
+        prim(k.clone()),
+        prim(v.clone()),
+        &spans,
+        heads,
+    );
+    let args = || {
+        (
+            prim(q.clone()),
+            prim(k.clone()),
+            prim(v.clone()),
+            out.clone(),
+            lse.clone(),
+            prim(dout.clone()),
+        )
+    };
+    let (a, b, c, d, e, f) = args();
+    let got = Cpu::attention_backward(a, b, c, d, e, f, &spans, heads);
+    let (a, b, c, d, e, f) = args();
+    let want = reference::attention_backward::<Cpu>(a, b, c, d, e, f, &spans, heads);
+    let pairs = [(got.0, want.0), (got.1, want.1), (got.2, want.2)];
+    for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(pairs) {
+        let diff = max_diff(&values(float::<Cpu, 2>(g)), &values(float::<Cpu, 2>(w)));
+        assert!(diff < 1e-5, "{name}: {diff}");
+    }
+}
+
 fn tiny_config(tied: bool) -> Qwen2Config {
     let mut c = Qwen2Config::with_shape(48, 16, 24, 2, 4, 2);
     c.tie_word_embeddings = tied;

@@ -22,6 +22,11 @@ pub struct QuantizeArgs {
     /// stored. `f32` reproduces what `transformers` saves after loading with `dtype=torch.float32`.
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
+    /// With `--double-quant`: the torch thread count of the bitsandbytes run to reproduce byte
+    /// for byte (the mean of absmax, summed per thread for projections of 2M weights or more,
+    /// can differ in its last bit; torch's default is the number of physical cores).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    torch_threads: usize,
 }
 
 /// `--dtype` values.
@@ -45,6 +50,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         QuantizeOptions {
             double_quant: args.double_quant,
             dtype,
+            torch_threads: args.torch_threads,
         },
     )
     .with_context(|| format!("quantizing {}", args.model.display()))?;

@@ -9,9 +9,9 @@
 //!   trainable (full fine-tuning) its gradient `grad_yᵀ · x` is computed too.
 //! - **Attention**: keeps queries, keys, values, the output and one log-sum-exp per query, and
 //!   recomputes each query block's probabilities in the backward pass
-//!   ([`reference::attention_backward`]); no `[heads, T, T]` tensor outlives its block.
+//!   ([`ModelBackend::attention_backward`]); no `[heads, T, T]` tensor outlives its block.
 //! - **Log-probabilities**: keeps the hidden states and recomputes each chunk's logits in the
-//!   backward pass ([`reference::token_logprobs_backward`]); no `[T, vocab]` tensor outlives
+//!   backward pass ([`ModelBackend::token_logprobs_backward`]); no `[T, vocab]` tensor outlives
 //!   its chunk.
 //!
 //! Cached attention (inference) and a trainable output head fall back to burn's own operations,
@@ -102,7 +102,7 @@ impl<B: ModelBackend> Backward<B, 3> for Attention {
         let ([q, k, v, out, lse], spans, heads) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
         let (dq, dk, dv) =
-            reference::attention_backward::<B>(q, k, v, out, lse, grad, &spans, heads);
+            B::attention_backward(q, k, v, out, lse, grad, &spans, heads);
         let [pq, pk, pv] = ops.parents;
         for (parent, g) in [(pq, dq), (pk, dk), (pv, dv)] {
             if let Some(node) = parent {
@@ -122,7 +122,7 @@ impl<B: ModelBackend> Backward<B, 1> for TokenLogprobs {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (hidden, head, targets, temperature, chunk) = ops.state;
         unary::<B, _>(ops.parents, ops.node, grads, |g| {
-            reference::token_logprobs_backward::<B>(hidden, &head, targets, temperature, chunk, g)
+            B::token_logprobs_backward(hidden, &head, targets, temperature, chunk, g)
         });
     }
 }

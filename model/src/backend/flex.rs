@@ -1,14 +1,25 @@
 //! [`ModelBackend`] for burn's Flex, the default CPU backend: projections run through the host
 //! kernels of [`crate::nf4::cpu`] directly on the tensors' memory (row tiles in parallel, each
-//! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed.
+//! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed;
+//! projections of a few rows (decoding) through the AVX-512 kernels of
+//! [`super::gemv`] where the CPU has them; and attention through the host kernel of
+//! [`super::attention`], over the packed rows and the KV cache's storage in place.
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimitive};
 
-use super::{ModelBackend, reference};
+use std::borrow::Cow;
+
+use super::attention::{self, KvView, Sequence};
+use super::gemv::{self, Weight};
+use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference};
 use crate::nf4::cpu;
+
+/// Input rows up to which projections use the AVX-512 kernels of
+/// [`gemv`] rather than the tiled `gemm` path (measured: docs/benchmarks.md).
+const GEMV_MAX_ROWS: usize = gemv::MAX_ROWS;
 
 /// Runs `f` on the `u32` words of a Flex code tensor, without copying when it is contiguous.
 fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
@@ -59,6 +70,43 @@ fn with_bf16<R>(tensor: &FlexTensor, f: impl FnOnce(&[u16]) -> R) -> R {
 fn bf16_bits(values: &[half::bf16]) -> &[u16] {
     // SAFETY: `half::bf16` is `repr(transparent)` over `u16`.
     unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u16>(), values.len()) }
+}
+
+/// The f32 values of a Flex float tensor, row-major: borrowed when it is contiguous f32.
+fn f32s(tensor: &FlexTensor) -> Cow<'_, [f32]> {
+    match tensor.as_slice::<f32>() {
+        Some(values) => Cow::Borrowed(values),
+        None => Cow::Owned(with_f32(tensor, <[f32]>::to_vec)),
+    }
+}
+
+/// A tensor's values as a vector, without a copy when it owns them alone (f32, contiguous).
+fn into_f32_vec(tensor: FlexTensor) -> Vec<f32> {
+    let data = tensor.into_data();
+    match data.dtype {
+        // burn copies into a new vector when the bytes cannot be taken over as they are; an f32
+        // buffer always casts to f32 values.
+        DType::F32 => data
+            .into_vec::<f32>()
+            .expect("f32 tensor data converts to f32 values"),
+        _ => data.iter::<f32>().collect(),
+    }
+}
+
+/// The token ids of an Int tensor, when all lie below `vocab`.
+fn token_ids(targets: &IntTensor<Flex>, vocab: usize) -> Option<Vec<u32>> {
+    let data = Tensor::<Flex, 1, Int>::from_primitive(targets.clone()).into_data();
+    data.iter::<i64>()
+        .map(|t| (0..vocab as i64).contains(&t).then_some(t as u32))
+        .collect()
+}
+
+/// The output rows (vocabulary size) of a head.
+fn head_rows(head: &Head<Flex>) -> usize {
+    match head {
+        Head::Dense(w) => w.shape()[0],
+        Head::Nf4 { rows, .. } => *rows,
+    }
 }
 
 fn flex_float(values: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
@@ -126,10 +174,20 @@ impl ModelBackend for Flex {
         // model than Flex's one multi-threaded gemm per projection (docs/benchmarks.md).
         let out = match (x.dtype(), w.dtype()) {
             (DType::F32, DType::F32) => with_f32(&w, |ws| {
-                with_f32(&x, |xs| cpu::dense_linear(xs, m, ws, rows, cols))
+                with_f32(&x, |xs| {
+                    let fused = (m <= GEMV_MAX_ROWS)
+                        .then(|| gemv::linear(xs, m, Weight::F32(ws), rows, cols))
+                        .flatten();
+                    fused.unwrap_or_else(|| cpu::dense_linear(xs, m, ws, rows, cols))
+                })
             }),
             (DType::F32, DType::BF16) => with_bf16(&w, |ws| {
-                with_f32(&x, |xs| cpu::bf16_linear(xs, m, ws, rows, cols))
+                with_f32(&x, |xs| {
+                    let fused = (m <= GEMV_MAX_ROWS)
+                        .then(|| gemv::linear(xs, m, Weight::Bf16(ws), rows, cols))
+                        .flatten();
+                    fused.unwrap_or_else(|| cpu::bf16_linear(xs, m, ws, rows, cols))
+                })
             }),
             _ => return reference::matmul_linear::<Self>(x, reference::widen::<Self>(w)),
         };
@@ -164,7 +222,17 @@ impl ModelBackend for Flex {
         let out = with_words(&codes, |words| {
             with_f32(&absmax, |absmax| {
                 with_f32(&x, |xs| {
-                    cpu::linear_tiled(xs, m, words, absmax, &table, rows, cols)
+                    let weight = Weight::Nf4 {
+                        words,
+                        absmax,
+                        table: &table,
+                    };
+                    let fused = (m <= GEMV_MAX_ROWS)
+                        .then(|| gemv::linear(xs, m, weight, rows, cols))
+                        .flatten();
+                    fused.unwrap_or_else(|| {
+                        cpu::linear_tiled(xs, m, words, absmax, &table, rows, cols)
+                    })
                 })
             })
         });
@@ -189,6 +257,200 @@ impl ModelBackend for Flex {
             })
         });
         flex_float(out, [m, cols])
+    }
+
+    fn packed_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        if [&q, &k, &v].iter().any(|t| t.dtype() != DType::F32) {
+            return reference::packed_attention::<Self>(q, k, v, spans, heads);
+        }
+        let n = q.shape()[0];
+        let (kvh, d) = (heads.kv_heads, heads.head_dim);
+        let (out, lse) = with_f32(&q, |qs| {
+            with_f32(&k, |ks| {
+                with_f32(&v, |vs| {
+                    let view = |data, span: &Span| KvView {
+                        data,
+                        offset: span.start * kvh * d,
+                        head_stride: d,
+                        pos_stride: kvh * d,
+                    };
+                    let seqs: Vec<Sequence<'_>> = spans
+                        .iter()
+                        .map(|span| Sequence {
+                            start: span.start,
+                            len: span.len,
+                            past: 0,
+                            k: view(ks, span),
+                            v: view(vs, span),
+                        })
+                        .collect();
+                    attention::attention(qs, &seqs, heads)
+                })
+            })
+        });
+        (
+            flex_float(out, [n, heads.heads * d]),
+            flex_float(lse, [n, heads.heads]),
+        )
+    }
+
+    fn cached_attention(
+        q: FloatTensor<Self>,
+        kv: Vec<SequenceKv<Self>>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> FloatTensor<Self> {
+        let f32s = q.dtype() == DType::F32
+            && kv
+                .iter()
+                .all(|(k, v)| k.dtype() == DType::F32 && v.dtype() == DType::F32);
+        if !f32s {
+            return reference::cached_attention::<Self>(q, kv, spans, heads);
+        }
+        let n = q.shape()[0];
+        // The cache hands out views `[kv_heads, positions, head_dim]` of its larger buffers:
+        // read them in place (any layout with unit stride along head_dim).
+        let kv: Vec<(FlexTensor, FlexTensor)> = kv
+            .into_iter()
+            .map(|(k, v)| (strided(k), strided(v)))
+            .collect();
+        let (out, _) = with_f32(&q, |qs| {
+            let seqs: Vec<Sequence<'_>> = spans
+                .iter()
+                .zip(&kv)
+                .map(|(span, (k, v))| Sequence {
+                    start: span.start,
+                    len: span.len,
+                    past: k.shape()[1] - span.len,
+                    k: kv_view(k),
+                    v: kv_view(v),
+                })
+                .collect();
+            attention::attention(qs, &seqs, heads)
+        });
+        flex_float(out, [n, heads.heads * heads.head_dim])
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        if [&q, &k, &v, &out, &lse, &grad]
+            .iter()
+            .any(|t| t.dtype() != DType::F32)
+        {
+            return reference::attention_backward::<Self>(q, k, v, out, lse, grad, spans, heads);
+        }
+        let n = q.shape()[0];
+        let spans: Vec<(usize, usize)> = spans.iter().map(|s| (s.start, s.len)).collect();
+        let (dq, dk, dv) = attention::attention_backward(
+            &f32s(&q),
+            &f32s(&k),
+            &f32s(&v),
+            &f32s(&out),
+            &f32s(&lse),
+            &f32s(&grad),
+            &spans,
+            heads,
+        );
+        let kv_width = heads.kv_heads * heads.head_dim;
+        (
+            flex_float(dq, [n, heads.heads * heads.head_dim]),
+            flex_float(dk, [n, kv_width]),
+            flex_float(dv, [n, kv_width]),
+        )
+    }
+
+    fn token_logprobs(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+    ) -> FloatTensor<Self> {
+        let ids = token_ids(&targets, head_rows(head));
+        let (Some(ids), DType::F32) = (ids, hidden.dtype()) else {
+            return reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk);
+        };
+        let [n, width] = [hidden.shape()[0], hidden.shape()[1]];
+        let out = logprobs::token_logprobs(
+            &f32s(&hidden),
+            width,
+            &ids,
+            temperature as f32,
+            chunk,
+            |x, m| into_f32_vec(head.forward(flex_float(x.to_vec(), [m, width]))),
+        );
+        flex_float(out, [n, 2])
+    }
+
+    fn token_logprobs_backward(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let vocab = head_rows(head);
+        let ids = token_ids(&targets, vocab);
+        let (Some(ids), DType::F32, DType::F32) = (ids, hidden.dtype(), grad.dtype()) else {
+            return reference::token_logprobs_backward::<Self>(
+                hidden,
+                head,
+                targets,
+                temperature,
+                chunk,
+                grad,
+            );
+        };
+        let [n, width] = [hidden.shape()[0], hidden.shape()[1]];
+        let out = logprobs::token_logprobs_backward(
+            &f32s(&hidden),
+            width,
+            &ids,
+            temperature as f32,
+            chunk,
+            &f32s(&grad),
+            |x, m| into_f32_vec(head.forward(flex_float(x.to_vec(), [m, width]))),
+            |dz, m| into_f32_vec(head.backward(flex_float(dz, [m, vocab]))),
+        );
+        flex_float(out, [n, width])
+    }
+}
+
+/// A `[heads, positions, head_dim]` tensor whose storage can be read in place: itself when its
+/// strides are non-negative with a unit stride along `head_dim`, a contiguous copy otherwise.
+fn strided(t: FlexTensor) -> FlexTensor {
+    let strides = t.layout().strides();
+    if strides.len() == 3 && strides[2] == 1 && strides[0] >= 0 && strides[1] >= 0 {
+        t
+    } else {
+        t.to_contiguous()
+    }
+}
+
+/// The view of a tensor prepared by [`strided`].
+fn kv_view(t: &FlexTensor) -> KvView<'_> {
+    let layout = t.layout();
+    let strides = layout.strides();
+    KvView {
+        data: t.storage::<f32>(),
+        offset: layout.start_offset(),
+        head_stride: strides[0] as usize,
+        pos_stride: strides[1] as usize,
     }
 }
 

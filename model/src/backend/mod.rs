@@ -11,8 +11,11 @@
 //! ([`autodiff`]): an NF4 projection keeps only its packed weight, attention keeps its inputs
 //! and one log-sum-exp per query, and the log-probabilities keep only the hidden states.
 
+pub mod attention;
 pub mod autodiff;
 pub mod flex;
+pub mod gemv;
+pub mod logprobs;
 pub mod reference;
 
 use burn::tensor::backend::Backend;
@@ -219,6 +222,24 @@ pub trait ModelBackend: Backend {
         reference::cached_attention::<Self>(q, kv, spans, heads)
     }
 
+    /// The input gradients `(dq, dk, dv)` of [`ModelBackend::packed_attention`] for the output
+    /// gradient `grad`, from its inputs, output and log-sum-exp (what `Autodiff<B>` keeps). The
+    /// default recomputes each query block's probabilities with tensor operations
+    /// ([`reference::attention_backward`]).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        spans: &[Span],
+        heads: Heads,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        reference::attention_backward::<Self>(q, k, v, out, lse, grad, spans, heads)
+    }
+
     /// Log-probability and entropy of the temperature-scaled next-token distribution at each
     /// position: `logits = hidden · headᵀ / temperature`, computed `chunk` positions at a time
     /// so no `[n, vocab]` tensor is ever whole. Returns `[n, 2]`: column 0 is
@@ -231,5 +252,19 @@ pub trait ModelBackend: Backend {
         chunk: usize,
     ) -> FloatTensor<Self> {
         reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk)
+    }
+
+    /// The hidden-state gradient of [`ModelBackend::token_logprobs`] for the output gradient
+    /// `grad` `[n, 2]`, recomputing each chunk's logits. The default uses tensor operations
+    /// ([`reference::token_logprobs_backward`]).
+    fn token_logprobs_backward(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::token_logprobs_backward::<Self>(hidden, head, targets, temperature, chunk, grad)
     }
 }

@@ -200,7 +200,13 @@ enum TileSource<'a> {
 
 impl TileSource<'_> {
     /// Weight rows `r0 .. r0 + n` as f32, borrowed or decoded into `scratch`.
-    fn rows<'s>(&'s self, r0: usize, n: usize, cols: usize, scratch: &'s mut Vec<f32>) -> &'s [f32] {
+    fn rows<'s>(
+        &'s self,
+        r0: usize,
+        n: usize,
+        cols: usize,
+        scratch: &'s mut Vec<f32>,
+    ) -> &'s [f32] {
         match self {
             TileSource::Dense(w) => &w[r0 * cols..(r0 + n) * cols],
             TileSource::Bf16(w) => {
@@ -226,9 +232,121 @@ impl TileSource<'_> {
     }
 }
 
+/// Weight rows transposed at a time by [`TileSource::rows_transposed`]: one cache line of each
+/// output column.
+const TRANSPOSE_ROWS: usize = 16;
+
+impl TileSource<'_> {
+    /// Weight rows `r0 .. r0 + n` as f32, transposed into `out` (`[cols, n]` row-major: element
+    /// `(c, j)` of the tile at `out[c * n + j]`), `TRANSPOSE_ROWS` rows at a time through
+    /// `rows_buf`.
+    fn rows_transposed(
+        &self,
+        r0: usize,
+        n: usize,
+        cols: usize,
+        rows_buf: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let mut j0 = 0;
+        while j0 < n {
+            let h = TRANSPOSE_ROWS.min(n - j0);
+            let src = self.rows(r0 + j0, h, cols, rows_buf);
+            transpose(src, h, cols, &mut out[j0..], n);
+            j0 += h;
+        }
+    }
+}
+
+/// Writes the transpose of `src` (`h × w`, row-major) into `dst`: element `(i, j)` of `src` to
+/// `dst[j * dst_stride + i]`. Full 16 × 16 blocks go through registers on AVX-512 CPUs.
+fn transpose(src: &[f32], h: usize, w: usize, dst: &mut [f32], dst_stride: usize) {
+    assert!(src.len() >= h * w, "source too short");
+    assert!(
+        h == 0 || w == 0 || dst.len() >= (w - 1) * dst_stride + h,
+        "destination too short"
+    );
+    let mut c0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if h == 16 && std::arch::is_x86_feature_detected!("avx512f") {
+        while c0 + 16 <= w {
+            // SAFETY: AVX-512 F detected; rows 0..16 of src hold columns c0..c0+16 (src is
+            // h × w), and dst rows c0..c0+16 hold 16 values (checked above).
+            unsafe {
+                transpose16(
+                    src.as_ptr().add(c0),
+                    w,
+                    dst.as_mut_ptr().add(c0 * dst_stride),
+                    dst_stride,
+                )
+            };
+            c0 += 16;
+        }
+    }
+    for c in c0..w {
+        for (i, d) in dst[c * dst_stride..c * dst_stride + h]
+            .iter_mut()
+            .enumerate()
+        {
+            *d = src[i * w + c];
+        }
+    }
+}
+
+/// Transposes the 16 × 16 block at `src` (row stride `src_stride`) into `dst` (row stride
+/// `dst_stride`): interleave pairs of rows, then pairs of pairs, then 128-bit lanes twice.
+///
+/// # Safety
+/// AVX-512 F must be available; both blocks must be readable/writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+    use std::arch::x86_64::*;
+    let mut r = [_mm512_setzero_ps(); 16];
+    for (i, row) in r.iter_mut().enumerate() {
+        // SAFETY: the caller's block.
+        *row = unsafe { _mm512_loadu_ps(src.add(i * src_stride)) };
+    }
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let pd = _mm512_castps_pd;
+    for q in 0..4 {
+        let b = 4 * q;
+        r[b] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[b]), pd(t[b + 2])));
+        r[b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[b]), pd(t[b + 2])));
+        r[b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[b + 1]), pd(t[b + 3])));
+        r[b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[b + 1]), pd(t[b + 3])));
+    }
+    for half in 0..2 {
+        let b = 8 * half;
+        for i in 0..4 {
+            t[b + i] = _mm512_shuffle_f32x4::<0x88>(r[b + i], r[b + 4 + i]);
+            t[b + 4 + i] = _mm512_shuffle_f32x4::<0xdd>(r[b + i], r[b + 4 + i]);
+        }
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[8 + i]);
+        r[8 + i] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[8 + i]);
+    }
+    for (i, row) in r.iter().enumerate() {
+        // SAFETY: the caller's block.
+        unsafe { _mm512_storeu_ps(dst.add(i * dst_stride), *row) };
+    }
+}
+
+/// Input rows from which [`tiled_gemm`] hands `gemm` transposed tiles: `gemm` then reads both
+/// operands with unit stride, while a row-major tile costs it a scalar gather while packing
+/// (measured at 28 % of a 0.5B prefill's time). Below it the transposition is not paid back.
+const TRANSPOSED_TILES_FROM: usize = 9;
+
 /// `y = x · Wᵀ` (`x` `[m, cols]`, `W` `[rows, cols]`), a tile of weight rows at a time: the
 /// tiles run in parallel, each multiplied by a single-threaded `gemm` (the matmul kernel burn's
-/// Flex uses) into its own columns of the output. Returns `[m, rows]` row-major.
+/// Flex uses) into its own columns of the output. From [`TRANSPOSED_TILES_FROM`] input rows a
+/// tile is first transposed (or decoded transposed) into per-thread scratch. Returns `[m, rows]`
+/// row-major.
 fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource) -> Vec<f32> {
     assert_eq!(x.len(), m * cols, "input has the wrong size");
     let mut out = vec![0f32; m * rows];
@@ -240,18 +358,27 @@ fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource)
     let per_thread = rows.div_ceil(rayon::current_num_threads().max(1));
     let tile_rows = (TILE_ELEMS / cols).min(per_thread).max(16).min(rows);
     let tiles = rows.div_ceil(tile_rows);
+    let transposed = m >= TRANSPOSED_TILES_FROM;
     // Tiles write disjoint column ranges of `out`; the address crosses threads as an integer.
     let dst = out.as_mut_ptr() as usize;
-    (0..tiles)
-        .into_par_iter()
-        .for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {
+    (0..tiles).into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(scratch, rows_buf): &mut (Vec<f32>, Vec<f32>), t| {
             let r0 = t * tile_rows;
             let n = tile_rows.min(rows - r0);
-            let tile = source.rows(r0, n, cols, scratch);
+            // The tile as rhs `[cols, n]` of the product: element (k, j) at
+            // tile[k * rhs_rs + j * rhs_cs].
+            let (tile, rhs_cs, rhs_rs): (&[f32], isize, isize) = if transposed {
+                scratch.resize(n * cols, 0.0);
+                source.rows_transposed(r0, n, cols, rows_buf, &mut scratch[..n * cols]);
+                (&scratch[..n * cols], 1, n as isize)
+            } else {
+                (source.rows(r0, n, cols, scratch), cols as isize, 1)
+            };
             // SAFETY: dst (m × n, row stride `rows`) is the columns r0..r0+n of `out`, which
             // lives for the whole call and which no other tile touches; lhs is `x` (m × cols,
-            // row-major) and rhs the tile read transposed (cols × n: element (k, j) at
-            // tile[j * cols + k]); every index stays inside its slice.
+            // row-major) and rhs the tile (cols × n with the strides above); every index stays
+            // inside its slice.
             unsafe {
                 gemm::gemm(
                     m,
@@ -265,8 +392,8 @@ fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource)
                     1,
                     cols as isize,
                     tile.as_ptr(),
-                    cols as isize,
-                    1,
+                    rhs_cs,
+                    rhs_rs,
                     0.0,
                     1.0,
                     false,
@@ -275,7 +402,8 @@ fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource)
                     gemm::Parallelism::None,
                 );
             }
-        });
+        },
+    );
     out
 }
 
@@ -413,13 +541,25 @@ pub fn linear_transposed_nf4(
 }
 
 /// `y = g · W` for a dense f32 weight `[rows, cols]`; returns `[m, cols]` row-major.
-pub fn linear_transposed_dense(g: &[f32], m: usize, w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub fn linear_transposed_dense(
+    g: &[f32],
+    m: usize,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
     assert_eq!(w.len(), rows * cols, "weight has the wrong size");
     tiled_gemm_transposed(g, m, rows, cols, TileSource::Dense(w))
 }
 
 /// `y = g · W` for a bf16 weight (raw bits) `[rows, cols]`; returns `[m, cols]` row-major.
-pub fn linear_transposed_bf16(g: &[f32], m: usize, w: &[u16], rows: usize, cols: usize) -> Vec<f32> {
+pub fn linear_transposed_bf16(
+    g: &[f32],
+    m: usize,
+    w: &[u16],
+    rows: usize,
+    cols: usize,
+) -> Vec<f32> {
     assert_eq!(w.len(), rows * cols, "weight has the wrong size");
     tiled_gemm_transposed(g, m, rows, cols, TileSource::Bf16(w))
 }
@@ -476,7 +616,9 @@ mod tests {
             (5, 96, 3),
             (2, 7, 2),
             (40, 96, 19),
+            (37, 100, 17),
             (300, 1000, 9),
+            (300, 1000, 33),
         ] {
             let w = weight(rows, cols);
             let q = quantize_nf4(&w);
@@ -501,6 +643,21 @@ mod tests {
                             y[i * rows + r]
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_matches_the_definition() {
+        for (h, w) in [(16, 48), (16, 37), (5, 20), (16, 16), (1, 1)] {
+            let src: Vec<f32> = (0..h * w).map(|i| i as f32).collect();
+            let stride = h + 3;
+            let mut dst = vec![-1f32; w * stride];
+            transpose(&src, h, w, &mut dst, stride);
+            for i in 0..h {
+                for j in 0..w {
+                    assert_eq!(dst[j * stride + i], src[i * w + j], "{h}x{w} ({i}, {j})");
                 }
             }
         }

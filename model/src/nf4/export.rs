@@ -101,6 +101,12 @@ pub struct QuantizeOptions {
     pub double_quant: bool,
     /// Convert unquantized tensors to this dtype (`None` keeps each as stored).
     pub dtype: Option<StorageDtype>,
+    /// The torch intra-op thread count to reproduce under double quantization: bitsandbytes
+    /// centres absmax on `absmax.mean()`, and torch sums a projection of two million weights or
+    /// more (32768 absmax values) in one chunk per thread, so the offset's last bit — and with
+    /// it an occasional 8-bit code — depends on it (`nf4::format::torch_sum`). torch's default
+    /// is the number of physical cores.
+    pub torch_threads: usize,
 }
 
 fn convert(name: &str, values: &[u8], from: Dtype, to: Dtype) -> Result<Vec<u8>> {
@@ -184,7 +190,7 @@ pub fn quantize_checkpoint(
             &NF4_CODE,
         ));
         let offset = if double_quant {
-            let nested = quantize_absmax(&q.absmax);
+            let nested = quantize_absmax(&q.absmax, options.torch_threads);
             tensors.push(OutTensor::u8(
                 format!("{name}.absmax"),
                 vec![q.absmax.len()],

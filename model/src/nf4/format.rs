@@ -1,7 +1,7 @@
 //! The NF4 format exactly as bitsandbytes stores it, on the host: the code table, quantization
 //! of a weight into packed nibbles and per-block absmax, double quantization of absmax, and
 //! dequantization. These functions define the format; the backend kernels in
-//! [`super::ops`] and `super::kernel` compute the same numbers on device.
+//! [`super::cpu`] and `super::kernel` compute the same numbers on device.
 //!
 //! Layout (bitsandbytes `quantize_4bit(blocksize=64, quant_type="nf4")`):
 //! - the weight `[rows, cols]` is flattened row-major and cut into blocks of 64 elements
@@ -13,6 +13,8 @@
 //! - with double quantization, absmax is stored as 8-bit codes of bitsandbytes' signed dynamic
 //!   map, in blocks of 256 around `offset = mean(absmax)`, each block with its own f32 scale
 //!   (`nested_absmax`); dequantized absmax is `dynamic[q] * nested_absmax[i / 256] + offset`.
+//!   The 8-bit codes follow bitsandbytes' CPU kernel to the bit: its 65536-bin lookup table
+//!   rather than the nearest entry, and torch's own summation order for the mean.
 
 /// The 16 NF4 values, as bitsandbytes' `CODE["nf4"]` (f32).
 // The literals are bitsandbytes' own, digit for digit, so they can be checked against its source.
@@ -174,40 +176,82 @@ pub struct NestedAbsmax {
     pub offset: f32,
 }
 
-/// Double-quantizes absmax as bitsandbytes does: subtract the mean, then 8-bit blockwise
-/// quantization (blocks of 256) with the dynamic map, nearest entry by binary search.
-pub fn quantize_absmax(absmax: &[f32]) -> NestedAbsmax {
+/// Double-quantizes absmax as bitsandbytes 0.50's CPU path does
+/// (`quantize_4bit(compress_statistics=True)` on a CPU tensor): subtract `offset =
+/// absmax.mean()` (torch's CPU sum, see [`torch_sum`]; `torch_threads` is the intra-op thread
+/// count torch ran with, which changes the sum once there are 32768 or more absmax values), then
+/// `quantize_blockwise` in blocks of 256 with the dynamic map ([`quantize_blockwise_cpu`]).
+pub fn quantize_absmax(absmax: &[f32], torch_threads: usize) -> NestedAbsmax {
     let code = dynamic_map();
-    let offset = mean_f32(absmax);
+    let offset = if absmax.is_empty() {
+        0.0
+    } else {
+        torch_sum(absmax, torch_threads) / absmax.len() as f32
+    };
     let centred: Vec<f32> = absmax.iter().map(|a| a - offset).collect();
-    let mut quantized = Vec::with_capacity(absmax.len());
-    let mut nested = Vec::with_capacity(absmax.len().div_ceil(NESTED_BLOCK));
-    // bitsandbytes' CPU quantizer sets code[0] to -1 for its binary search.
-    let mut search = code;
-    search[0] = -1.0;
-    for block in centred.chunks(NESTED_BLOCK) {
-        let max = block.iter().fold(f32::MIN, |m, v| m.max(v.abs()));
-        nested.push(max);
-        for v in block {
-            let normed = v / max;
-            // largest index with search[idx] <= normed (the entry to the left), then nearest.
-            let mut idx = search.partition_point(|&c| c <= normed).saturating_sub(1);
-            if idx < 255 {
-                let left = (normed - search[idx]).abs();
-                let right = (normed - search[idx + 1]).abs();
-                if right < left {
-                    idx += 1;
-                }
-            }
-            quantized.push(idx as u8);
-        }
-    }
+    let (quantized, nested) = quantize_blockwise_cpu(&centred, &code, NESTED_BLOCK);
     NestedAbsmax {
         quantized,
         nested_absmax: nested,
         nested_code: code.to_vec(),
         offset,
     }
+}
+
+/// Bins of bitsandbytes' quantization lookup table.
+const LUT_SIZE: usize = 65536;
+
+/// bitsandbytes' CPU lookup table from a normalised value's bin to the code-table index
+/// (`build_quantize_lut` in `csrc/cpu_ops.cpp`): bin `i` stands for
+/// `(2i as f32) / 65535 - 1`, and takes the first entry whose midpoint with the next entry is not
+/// below it. Values near a midpoint can land one entry away from the nearest one; that is the
+/// rule bitsandbytes' bytes follow, so it is the rule here.
+fn quantize_lut(code: &[f32; 256]) -> Vec<u8> {
+    let mids: Vec<f32> = code.windows(2).map(|p| 0.5 * (p[0] + p[1])).collect();
+    let mut lut = vec![0u8; LUT_SIZE];
+    let mut idx = 0;
+    for (i, slot) in lut.iter_mut().enumerate() {
+        let val = (i as f32 + i as f32) / (LUT_SIZE - 1) as f32 - 1.0;
+        while idx < mids.len() && mids[idx] < val {
+            idx += 1;
+        }
+        *slot = idx as u8;
+    }
+    lut
+}
+
+/// The lookup-table bin of a normalised value, as bitsandbytes' `norm_to_lut_index` computes it
+/// in its x86-64 build: clamp to [-1, 1], `(v + 1) * 0.5`, then one fused multiply-add
+/// `· 65535 + 0.5` (the compiler contracts it; a separate multiply and add can differ in the
+/// last bit and change the bin) and truncation. NaN lands in bin 0, as there.
+fn lut_bin(v: f32) -> usize {
+    let half = (v.clamp(-1.0, 1.0) + 1.0) * 0.5;
+    half.mul_add((LUT_SIZE - 1) as f32, 0.5) as u16 as usize
+}
+
+/// bitsandbytes' CPU `quantize_blockwise` (`quantize_cpu` in `csrc/cpu_ops.cpp`, 0.50): per
+/// block of `blocksize` values, `absmax = max |v|`, each value multiplied by `1 / absmax` and
+/// mapped to an 8-bit index of `code` through the lookup table; an all-zero block stores index 0.
+/// Returns the indices and one absmax per block.
+pub fn quantize_blockwise_cpu(
+    values: &[f32],
+    code: &[f32; 256],
+    blocksize: usize,
+) -> (Vec<u8>, Vec<f32>) {
+    let lut = quantize_lut(code);
+    let mut out = Vec::with_capacity(values.len());
+    let mut absmax = Vec::with_capacity(values.len().div_ceil(blocksize.max(1)));
+    for block in values.chunks(blocksize.max(1)) {
+        let max = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        absmax.push(max);
+        if max == 0.0 {
+            out.extend(std::iter::repeat_n(0u8, block.len()));
+            continue;
+        }
+        let inv = 1.0 / max;
+        out.extend(block.iter().map(|v| lut[lut_bin(v * inv)]));
+    }
+    (out, absmax)
 }
 
 /// Dequantizes double-quantized absmax: `code[q] * nested_absmax[i / 256] + offset`.
@@ -224,41 +268,131 @@ pub fn dequantize_absmax(
         .collect()
 }
 
-/// The f32 mean of absmax, the `offset` of double quantization (`torch.mean` on CPU).
-fn mean_f32(values: &[f32]) -> f32 {
-    if values.is_empty() {
-        return 0.0;
+/// Elements below which torch sums on one thread whatever its thread count
+/// (`at::internal::GRAIN_SIZE`).
+const TORCH_GRAIN: usize = 32768;
+
+/// Lanes of torch's `Vectorized<float>` in the sum kernel this torch build dispatches to on
+/// x86-64 (8: its AVX2 kernel, measured on an AVX-512 machine as well).
+const TORCH_LANES: usize = 8;
+
+/// The f32 sum torch computes for a contiguous CPU tensor (`x.sum()`, hence `x.mean()` =
+/// sum / n): with `threads` intra-op threads and at least [`TORCH_GRAIN`] values, the values
+/// are cut into `min(threads, ceil(n / GRAIN))` equal chunks summed separately and then added
+/// up; each chunk is summed by [`torch_chunk_sum`]. Matches torch 2.15 bit for bit (tested
+/// against it for 16 to 400,000 values and 1 to 8 threads when this was written).
+pub fn torch_sum(values: &[f32], threads: usize) -> f32 {
+    let n = values.len();
+    if n < TORCH_GRAIN || threads <= 1 {
+        return torch_chunk_sum(values);
     }
-    let sum = cascade_sum(values);
-    sum / values.len() as f32
+    let chunks = threads.min(n.div_ceil(TORCH_GRAIN));
+    let size = n.div_ceil(chunks);
+    // One slot per thread (zero where a thread had no chunk), then summed like any tensor.
+    let mut partials = vec![0f32; threads];
+    for (slot, chunk) in partials.iter_mut().zip(values.chunks(size)) {
+        *slot = torch_chunk_sum(chunk);
+    }
+    torch_chunk_sum(&partials)
 }
 
-/// An f32 sum accumulated the way torch's vectorised CPU reduction does (16 lanes, combined
-/// pairwise, then the tail), so the mean matches bitsandbytes' `offset` to the bit on its test
-/// vectors; a naive running sum can differ in the last bit and flip an 8-bit absmax code.
-fn cascade_sum(values: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut acc = [0f32; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for chunk in chunks {
-        for (a, v) in acc.iter_mut().zip(chunk) {
-            *a += v;
+/// torch's `cascade_sum` over one contiguous range (`SumKernel.cpp`): vectors of
+/// [`TORCH_LANES`] values, taken four at a time into four vector accumulators
+/// ([`torch_multi_row_sum`]), leftover vectors added to the first, the four added in order, then
+/// the scalar tail and finally the lanes added one by one to zero. Under [`TORCH_LANES`] values
+/// the same scheme runs on scalars: four accumulators take values `0..4`, the rest go to the
+/// first, then the four are added in order.
+fn torch_chunk_sum(values: &[f32]) -> f32 {
+    const ILP: usize = 4;
+    let n = values.len();
+    if n < TORCH_LANES {
+        let mut partial = [0f32; ILP];
+        let head = n / ILP * ILP;
+        for (p, v) in partial.iter_mut().zip(&values[..head]) {
+            *p += v;
+        }
+        for v in &values[head..] {
+            partial[0] += v;
+        }
+        return partial[1..].iter().fold(partial[0], |s, p| s + p);
+    }
+    let vectors = n / TORCH_LANES;
+    let rows = vectors / ILP;
+    let mut partial = torch_multi_row_sum(&values[..rows * ILP * TORCH_LANES], rows);
+    for v in rows * ILP..vectors {
+        let vector = &values[v * TORCH_LANES..(v + 1) * TORCH_LANES];
+        for (a, x) in partial[0].iter_mut().zip(vector) {
+            *a += x;
         }
     }
-    let mut tail = 0f32;
-    for v in rest {
-        tail += v;
-    }
-    // combine lanes pairwise as a vector horizontal add does
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
+    for k in 1..ILP {
+        let row = partial[k];
+        for (a, x) in partial[0].iter_mut().zip(row) {
+            *a += x;
         }
     }
-    acc[0] + tail
+    let mut total = 0f32;
+    for v in &values[vectors * TORCH_LANES..] {
+        total += v;
+    }
+    for lane in partial[0] {
+        total += lane;
+    }
+    total
+}
+
+/// torch's `multi_row_sum` of `size` rows of four [`TORCH_LANES`]-wide vectors: four levels of
+/// accumulators, each level receiving the one below every `2^level_power` rows
+/// (`level_power = max(4, ceil(log2(size)) / 4)`).
+fn torch_multi_row_sum(values: &[f32], size: usize) -> [[f32; TORCH_LANES]; 4] {
+    const LEVELS: usize = 4;
+    const ROW: usize = 4 * TORCH_LANES;
+    let ceil_log2 = if size <= 1 {
+        0
+    } else {
+        (usize::BITS - (size - 1).leading_zeros()) as usize
+    };
+    let power = (ceil_log2 / LEVELS).max(4);
+    let step = 1usize << power;
+    let mask = step - 1;
+    let mut acc = [[0f32; ROW]; LEVELS];
+    let add_row = |acc: &mut [f32; ROW], i: usize| {
+        for (a, x) in acc.iter_mut().zip(&values[i * ROW..(i + 1) * ROW]) {
+            *a += x;
+        }
+    };
+    let mut i = 0;
+    while i + step <= size {
+        for _ in 0..step {
+            add_row(&mut acc[0], i);
+            i += 1;
+        }
+        for j in 1..LEVELS {
+            let below = acc[j - 1];
+            for (a, x) in acc[j].iter_mut().zip(below) {
+                *a += x;
+            }
+            acc[j - 1] = [0.0; ROW];
+            if i & (mask << (j * power)) != 0 {
+                break;
+            }
+        }
+    }
+    while i < size {
+        add_row(&mut acc[0], i);
+        i += 1;
+    }
+    for j in 1..LEVELS {
+        let level = acc[j];
+        for (a, x) in acc[0].iter_mut().zip(level) {
+            *a += x;
+        }
+    }
+    let mut out = [[0f32; TORCH_LANES]; 4];
+    for (k, row) in out.iter_mut().enumerate() {
+        row.copy_from_slice(&acc[0][k * TORCH_LANES..(k + 1) * TORCH_LANES]);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -306,5 +440,38 @@ mod tests {
         let q = quantize_nf4(&[1.0, -1.0, 0.5]);
         assert_eq!(q.packed.len(), 2);
         assert_eq!(q.packed[0], 0xf0);
+    }
+
+    #[test]
+    fn torch_sum_follows_torch_order() {
+        // Under 8 values: four accumulators, the fifth value joins the first (torch gives 3).
+        assert_eq!(torch_sum(&[1e8, 1.0, 1.0, 1.0, -1e8], 1), 3.0);
+        // Two vectors of 8 lanes added lane-wise, then the lanes in order (torch gives 3).
+        let mut v = vec![1e8, 1.0, 1.0, 1.0, -1e8, 0.0, 0.0, 0.0];
+        v.extend([1.0; 8]);
+        assert_eq!(torch_sum(&v, 1), 3.0);
+        assert_eq!(torch_sum(&[], 4), 0.0);
+    }
+
+    #[test]
+    fn lookup_table_is_monotone_and_spans_the_code() {
+        let lut = quantize_lut(&dynamic_map());
+        assert!(lut.windows(2).all(|p| p[0] <= p[1]));
+        assert_eq!((lut[0], lut[LUT_SIZE - 1]), (0, 255));
+        assert_eq!(lut_bin(-1.0), 0);
+        assert_eq!(lut_bin(1.0), LUT_SIZE - 1);
+        assert_eq!(lut_bin(7.0), LUT_SIZE - 1);
+        assert_eq!(lut_bin(f32::NAN), 0);
+    }
+
+    #[test]
+    fn blockwise_quantization_scales_each_block() {
+        let code = dynamic_map();
+        let (q, absmax) = quantize_blockwise_cpu(&[0.0, 0.0, -2.0, 1.0, 2.0], &code, 2);
+        assert_eq!(absmax, vec![0.0, 2.0, 2.0]);
+        // an all-zero block stores index 0; -1 and 1 are the code's ends
+        assert_eq!(q[..2], [0, 0]);
+        assert_eq!((q[2], q[4]), (0, 255));
+        assert_eq!(code[q[3] as usize], code[q[3] as usize].clamp(0.49, 0.51));
     }
 }

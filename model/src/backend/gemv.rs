@@ -1,0 +1,373 @@
+//! Projections of a few input rows (decoding) on the host with AVX-512: `y = x · Wᵀ` for `m`
+//! rows of `x` and an NF4, bf16 or f32 weight `W` `[rows, cols]`, reading the weight once and
+//! multiplying it by every input row as it is decoded. Decoding is bound by the bytes of weight
+//! read per token, so this is where NF4 (0.56 bytes per weight) beats f32 (4 bytes). (For so few
+//! rows `gemm` would spend most of its time packing the weight into its own layout.)
+//!
+//! - **NF4**: sixteen bytes hold 32 4-bit codes. They widen to sixteen 32-bit lanes, one byte
+//!   each, and `_mm512_permutexvar_ps` looks sixteen codes up at once in the 16-entry code table,
+//!   which holds one register: the lanes shifted right by four give the 16 even elements (high
+//!   nibbles), the lanes as they are the 16 odd ones (the lookup reads an index's low four bits).
+//!   The table is multiplied by the block's absmax once per 64 weights, so each weight is
+//!   `table[code] · absmax` exactly as the format defines it ([`crate::nf4::format`]).
+//! - **bf16**: 32 values are sixteen 32-bit lanes; the lanes shifted left by 16 are the even
+//!   elements as f32, the lanes with their low half cleared the odd ones (exact, no shuffles).
+//! - **f32**: read as they are.
+//!
+//! Since NF4 and bf16 weights come out as 16 even then 16 odd elements of each 32, the input
+//! rows are rearranged the same way once per call, and the dot products are unchanged.
+//!
+//! Output rows are split between threads; each weight row is multiplied by all `m` input rows
+//! with independent accumulators. The kernels are compiled for AVX-512 and chosen at run time
+//! ([`available`]); callers fall back to the tiled `gemm` kernels of [`crate::nf4::cpu`]
+//! otherwise, and for more input rows, where `gemm` is faster (docs/benchmarks.md).
+
+use rayon::prelude::*;
+
+use crate::nf4::format::BLOCK;
+
+/// The most input rows the kernels take.
+pub const MAX_ROWS: usize = 8;
+
+/// Whether this CPU runs the kernels (AVX-512 F, detected at run time).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where the kernel reads weight rows from.
+#[derive(Clone, Copy)]
+pub enum Weight<'a> {
+    /// NF4 codes as little-endian `u32` words (bitsandbytes' bytes), one f32 absmax per block of
+    /// 64, and the code table. Needs `cols` to be a multiple of 64.
+    Nf4 {
+        /// Packed codes.
+        words: &'a [u32],
+        /// Block scales.
+        absmax: &'a [f32],
+        /// The 16 code values.
+        table: &'a [f32; 16],
+    },
+    /// Raw bf16 bits, row-major. Needs `cols` to be a multiple of 32.
+    Bf16(&'a [u16]),
+    /// f32 values, row-major. Needs `cols` to be a multiple of 16.
+    F32(&'a [f32]),
+}
+
+impl Weight<'_> {
+    /// Whether the kernel handles rows of `cols` weights.
+    pub fn supports(&self, cols: usize) -> bool {
+        match self {
+            Weight::Nf4 { .. } => cols.is_multiple_of(BLOCK),
+            Weight::Bf16(_) => cols.is_multiple_of(32),
+            Weight::F32(_) => cols.is_multiple_of(16),
+        }
+    }
+}
+
+/// `y = x · Wᵀ` for `x` `[m, cols]` (`1 <= m <= MAX_ROWS`) and `W` `[rows, cols]`; returns
+/// `[m, rows]`. `None` when the CPU lacks AVX-512 or the shape is not one the kernel takes
+/// (the caller then uses another kernel).
+pub fn linear(
+    x: &[f32],
+    m: usize,
+    weight: Weight<'_>,
+    rows: usize,
+    cols: usize,
+) -> Option<Vec<f32>> {
+    if !available() || m == 0 || m > MAX_ROWS || !weight.supports(cols) || cols == 0 {
+        return None;
+    }
+    assert_eq!(x.len(), m * cols, "input has the wrong size");
+    match weight {
+        Weight::Nf4 { words, absmax, .. } => {
+            assert!(words.len() * 8 >= rows * cols, "codes are too short");
+            assert!(absmax.len() >= rows * cols / BLOCK, "absmax is too short");
+        }
+        Weight::Bf16(w) => assert_eq!(w.len(), rows * cols, "weight has the wrong size"),
+        Weight::F32(w) => assert_eq!(w.len(), rows * cols, "weight has the wrong size"),
+    }
+    // NF4 and bf16 weights decode to the even then the odd elements of every 32: rearrange
+    // the inputs to match (once per call, `m × cols` values).
+    let deinterleaved: Vec<f32>;
+    let x = match weight {
+        Weight::F32(_) => x,
+        Weight::Nf4 { .. } | Weight::Bf16(_) => {
+            deinterleaved = x
+                .chunks_exact(32)
+                .flat_map(|c| (0..32).map(move |k| c[(2 * k) % 32 + k / 16]))
+                .collect();
+            &deinterleaved
+        }
+    };
+    let mut out = vec![0f32; m * rows];
+    // Rows per task: enough work per task to amortise scheduling, several tasks per thread.
+    let chunk = (rows / (8 * rayon::current_num_threads().max(1))).clamp(4, 256);
+    // Tasks write disjoint output columns; the address crosses threads as an integer.
+    let dst = out.as_mut_ptr() as usize;
+    (0..rows.div_ceil(chunk)).into_par_iter().for_each(|t| {
+        let r0 = t * chunk;
+        let r1 = (r0 + chunk).min(rows);
+        // SAFETY: AVX-512 F was detected above; the kernel writes out[i * rows + r] for
+        // i < m and r in r0..r1 only (rows no other task touches), inside `out`, which lives
+        // for the whole call; every weight and input index was bounds-checked above.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            avx512::rows(x, m, weight, r0, r1, rows, cols, dst as *mut f32)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (r0, r1, dst);
+    });
+    Some(out)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK, MAX_ROWS, Weight};
+
+    /// Output rows `r0 .. r1` for every input row, written at `dst[i * rows + r]`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be available; `dst` must hold `m * rows` values; the weight must cover
+    /// `rows * cols` values and `x` `m * cols`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows(
+        x: &[f32],
+        m: usize,
+        weight: Weight<'_>,
+        r0: usize,
+        r1: usize,
+        rows: usize,
+        cols: usize,
+        dst: *mut f32,
+    ) {
+        // One instantiation per input row count (and weight rows per step): the accumulators
+        // live in registers.
+        macro_rules! dispatch {
+            ($($m:literal => $a:literal),*) => {
+                match m {
+                    $($m => row_range::<$m, $a>(x, weight, r0, r1, rows, cols, dst),)*
+                    _ => unreachable!("1 <= m <= {MAX_ROWS}"),
+                }
+            };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 2, 4 => 2, 5 => 2, 6 => 2, 7 => 2, 8 => 2) }
+    }
+
+    /// Output rows `r0 .. r1` for `M` input rows, `R` weight rows at a time (tail rows one at
+    /// a time).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_range<const M: usize, const R: usize>(
+        x: &[f32],
+        weight: Weight<'_>,
+        r0: usize,
+        r1: usize,
+        rows: usize,
+        cols: usize,
+        dst: *mut f32,
+    ) {
+        let mut r = r0;
+        while r + R <= r1 {
+            // SAFETY: forwarded from the caller.
+            unsafe { group::<M, R>(x, weight, r, rows, cols, dst) };
+            r += R;
+        }
+        while r < r1 {
+            // SAFETY: forwarded from the caller.
+            unsafe { group::<M, 1>(x, weight, r, rows, cols, dst) };
+            r += 1;
+        }
+    }
+
+    /// Weight rows `r .. r + R` times `M` input rows: `M × R` accumulators, so each input
+    /// vector loaded serves `R` weight rows and each weight vector `M` input rows, and there
+    /// are always several independent chains of multiply-adds.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn group<const M: usize, const R: usize>(
+        x: &[f32],
+        weight: Weight<'_>,
+        r: usize,
+        rows: usize,
+        cols: usize,
+        dst: *mut f32,
+    ) {
+        let xp = x.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        // acc[i][j] += w[j] · x[i, c .. c + 16]
+        let mut accumulate = |w: &[__m512; R], c: usize| {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row i of x holds `cols` values and c + 16 <= cols.
+                let xv = unsafe { _mm512_loadu_ps(xp.add(i * cols + c)) };
+                for (a, w) in acc.iter_mut().zip(w) {
+                    *a = _mm512_fmadd_ps(*w, xv, *a);
+                }
+            }
+        };
+        match weight {
+            Weight::Nf4 {
+                words,
+                absmax,
+                table,
+            } => {
+                // SAFETY: 16 floats.
+                let table = unsafe { _mm512_loadu_ps(table.as_ptr()) };
+                let bytes = words.as_ptr().cast::<u8>();
+                let blocks = cols / BLOCK;
+                for b in 0..blocks {
+                    let block = |j: usize| (r + j) * blocks + b;
+                    let scaled: [__m512; R] = std::array::from_fn(|j| {
+                        _mm512_mul_ps(table, _mm512_set1_ps(absmax[block(j)]))
+                    });
+                    for half in 0..2 {
+                        // SAFETY: block k is bytes 32k .. 32k + 32, inside the codes (checked
+                        // by the caller).
+                        let lanes: [__m512i; R] = std::array::from_fn(|j| unsafe {
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                bytes.add(block(j) * 32 + half * 16).cast(),
+                            ))
+                        });
+                        let even: [__m512; R] = std::array::from_fn(|j| {
+                            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(lanes[j]), scaled[j])
+                        });
+                        let odd: [__m512; R] =
+                            std::array::from_fn(|j| _mm512_permutexvar_ps(lanes[j], scaled[j]));
+                        let c = b * BLOCK + half * 32;
+                        accumulate(&even, c);
+                        accumulate(&odd, c + 16);
+                    }
+                }
+            }
+            Weight::F32(w) => {
+                let wp = w.as_ptr();
+                for c in (0..cols).step_by(16) {
+                    // SAFETY: rows r .. r + R hold `cols` values each, a multiple of 16.
+                    let w: [__m512; R] = std::array::from_fn(|j| unsafe {
+                        _mm512_loadu_ps(wp.add((r + j) * cols + c))
+                    });
+                    accumulate(&w, c);
+                }
+            }
+            Weight::Bf16(w) => {
+                let wp = w.as_ptr();
+                let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+                for c in (0..cols).step_by(32) {
+                    // SAFETY: rows r .. r + R hold `cols` values each, a multiple of 32.
+                    let lanes: [__m512i; R] = std::array::from_fn(|j| unsafe {
+                        _mm512_loadu_si512(wp.add((r + j) * cols + c).cast())
+                    });
+                    let even: [__m512; R] = std::array::from_fn(|j| {
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(lanes[j]))
+                    });
+                    let odd: [__m512; R] = std::array::from_fn(|j| {
+                        _mm512_castsi512_ps(_mm512_and_si512(lanes[j], high))
+                    });
+                    accumulate(&even, c);
+                    accumulate(&odd, c + 16);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (j, a) in acc.iter().enumerate() {
+                // SAFETY: i < m and r + j < rows (caller's contract).
+                unsafe { *dst.add(i * rows + r + j) = _mm512_reduce_add_ps(*a) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nf4::cpu::pack_words;
+    use crate::nf4::format::{NF4_CODE, dequantize_nf4, quantize_nf4};
+
+    fn check(y: &[f32], x: &[f32], dense: &[f32], m: usize, rows: usize, cols: usize) {
+        for i in 0..m {
+            for r in 0..rows {
+                let terms = (0..cols).map(|c| x[i * cols + c] * dense[r * cols + c]);
+                let want: f32 = terms.clone().sum();
+                let scale = terms.map(f32::abs).sum::<f32>().max(1.0);
+                let got = y[i * rows + r];
+                assert!(
+                    (got - want).abs() < 1e-5 * scale,
+                    "m={m} [{i},{r}]: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn nf4_bf16_and_f32_kernels_match_the_dequantized_product() {
+        if !available() {
+            eprintln!("no AVX-512 on this CPU: the kernels are not used, nothing to compare");
+            return;
+        }
+        let (rows, cols) = (37, 192);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * (1.0 + (i / 64) as f32 * 0.01))
+            .collect();
+        let q = quantize_nf4(&w);
+        let words = pack_words(&q.packed);
+        let dense = dequantize_nf4(&q.packed, &q.absmax, rows * cols);
+        let bf16: Vec<u16> = w
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_bits())
+            .collect();
+        let widened: Vec<f32> = bf16
+            .iter()
+            .map(|b| half::bf16::from_bits(*b).to_f32())
+            .collect();
+        for m in 1..=MAX_ROWS {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
+                .collect();
+            let nf4 = Weight::Nf4 {
+                words: &words,
+                absmax: &q.absmax,
+                table: &NF4_CODE,
+            };
+            check(
+                &linear(&x, m, nf4, rows, cols).unwrap(),
+                &x,
+                &dense,
+                m,
+                rows,
+                cols,
+            );
+            let y = linear(&x, m, Weight::Bf16(&bf16), rows, cols).unwrap();
+            check(&y, &x, &widened, m, rows, cols);
+            let y = linear(&x, m, Weight::F32(&w), rows, cols).unwrap();
+            check(&y, &x, &w, m, rows, cols);
+        }
+    }
+
+    #[test]
+    fn unsupported_shapes_are_declined() {
+        let words = [0u32; 16];
+        let absmax = [1.0f32; 2];
+        let nf4 = Weight::Nf4 {
+            words: &words,
+            absmax: &absmax,
+            table: &NF4_CODE,
+        };
+        assert!(
+            linear(&[0.0; 100], 1, nf4, 1, 100).is_none(),
+            "cols not a multiple of 64"
+        );
+        assert!(
+            linear(&[0.0; 64 * 9], 9, nf4, 1, 64).is_none(),
+            "too many rows"
+        );
+    }
+}
