@@ -218,13 +218,16 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             }
             let [out, inp] = linear.shape();
             let a_shape = ck.shape(&ka)?;
+            let b_shape = ck.shape(&kb)?;
             let rank = a_shape.first().copied().unwrap_or(0);
-            if a_shape.len() != 2 || a_shape[1] != inp || rank == 0 {
-                return Err(ModelError::Shape {
-                    name: ka,
-                    found: a_shape,
-                    expected: vec![config.r, inp],
-                });
+            if a_shape.len() != 2 || a_shape[1] != inp || rank == 0 || b_shape != [out, rank] {
+                return Err(err(format!(
+                    "made for a different base shape: `{path}` is {out}×{inp} in this model \
+                     ({}), so `lora_A` must be [r, {inp}] and `lora_B` [{out}, r], but the \
+                     adapter's are {a_shape:?} and {b_shape:?}{}",
+                    shape_summary(&self.config),
+                    named_base(&config)
+                )));
             }
             let a = ck.f32(&ka, &[rank, inp])?;
             let b = ck.f32(&kb, &[out, rank])?;
@@ -245,7 +248,10 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
         }
         if let Some(k) = unused.into_iter().next() {
             return Err(err(format!(
-                "tensor `{k}` does not belong to any projection of this model"
+                "made for a different base shape: tensor `{k}` does not belong to any \
+                 projection of this model ({}){}",
+                shape_summary(&self.config),
+                named_base(&config)
             )));
         }
         if attached == 0 {
@@ -401,4 +407,20 @@ fn most_common_f64(values: impl Iterator<Item = f64>) -> f64 {
         .max_by_key(|(_, c)| *c)
         .map(|(v, _)| v)
         .unwrap_or(0.0)
+}
+
+/// The shape of a model, as adapter errors describe it.
+fn shape_summary(config: &crate::Qwen2Config) -> String {
+    format!(
+        "{} layers, hidden size {}, intermediate size {}",
+        config.num_hidden_layers, config.hidden_size, config.intermediate_size
+    )
+}
+
+/// The base an adapter says it was made for, as a clause of an error message.
+fn named_base(config: &AdapterConfig) -> String {
+    match &config.base_model_name_or_path {
+        Some(base) => format!("; the adapter names its base `{base}`"),
+        None => String::new(),
+    }
 }

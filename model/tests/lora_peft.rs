@@ -154,6 +154,34 @@ fn malformed_adapters_are_refused_by_name() {
     assert!(base().load_adapter(missing.path(), &device).is_err());
 }
 
+#[test]
+fn adapter_for_a_different_base_shape_is_refused_as_such() {
+    let device = Default::default();
+    let adapter = fixture("tiny-qwen2-lora"); // made for tiny-qwen2: 2 layers, hidden 64
+    // Narrower projections: the LoRA matrices do not fit.
+    let narrow = Qwen2ForCausalLM::<Cpu>::random(
+        Qwen2Config::with_shape(1024, 32, 96, 2, 4, 2),
+        0,
+        false,
+        &device,
+    );
+    let err = narrow.load_adapter(&adapter, &device).unwrap_err().to_string();
+    assert!(err.contains("made for a different base shape"), "{err}");
+    assert!(err.contains("hidden size 32"), "{err}");
+    assert!(err.contains("tiny-qwen2-lora"), "the adapter's path: {err}");
+    // Same widths, one layer fewer: the adapter's second layer has nowhere to go.
+    let shallow = Qwen2ForCausalLM::<Cpu>::random(
+        Qwen2Config::with_shape(1024, 64, 192, 1, 4, 2),
+        0,
+        false,
+        &device,
+    );
+    let err = shallow.load_adapter(&adapter, &device).unwrap_err().to_string();
+    assert!(err.contains("made for a different base shape"), "{err}");
+    assert!(err.contains("layers.1."), "names the tensor: {err}");
+    assert!(err.contains("1 layers"), "{err}");
+}
+
 type Ad = Autodiff<Cpu>;
 
 fn tiny_config() -> Qwen2Config {

@@ -57,3 +57,117 @@ fn nf4_model_on_wgpu_matches_bitsandbytes() {
     let diff = max_masked_diff(&logits, &r);
     assert!(diff < 1e-4, "max |logit diff| {diff}");
 }
+
+/// Largest |a − b| over two equally long slices.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |best, i| if v[i] > v[best] { i } else { best })
+}
+
+/// Absolute tolerance on the logits of the cached path, wgpu against the CPU (f32 both): the
+/// two backends sum in different orders (tiled matmuls, reductions), so logits agree to a few
+/// ulps of their magnitude, not bit for bit.
+const CACHED_LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// The inference path (the rollout engine's calls: a batched prefill of unequal segments on a
+/// KV cache, then one token per row per step) on wgpu against the CPU, for a dense and an NF4
+/// model: logits within [`CACHED_LOGIT_TOLERANCE`] at every step and the same greedy tokens.
+#[test]
+fn cached_decoding_on_wgpu_matches_the_cpu() {
+    use fathom_model::{KvCache, Qwen2Config, prefill};
+
+    fn run<B: fathom_model::ModelBackend>(
+        nf4: bool,
+        steps: usize,
+        forced: Option<&[Vec<u32>]>,
+    ) -> (Vec<Vec<f32>>, Vec<Vec<u32>>) {
+        let device = Default::default();
+        let config = Qwen2Config::with_shape(512, 64, 128, 2, 4, 2);
+        let model = Qwen2ForCausalLM::<B>::random(config, 11, nf4, &device);
+        let mut cache: KvCache<B> = model.new_cache();
+        let rows = [cache.add_row(), cache.add_row()];
+        let prompts: [Vec<u32>; 2] = [
+            (0..23).map(|i| (i * 37 + 5) % 512).collect(),
+            (0..9).map(|i| (i * 91 + 2) % 512).collect(),
+        ];
+        let mut segments: Vec<Vec<u32>> = prompts.to_vec();
+        let (mut logits, mut tokens) = (Vec::new(), vec![Vec::new(), Vec::new()]);
+        for step in 0..steps {
+            let refs: Vec<(usize, &[u32])> =
+                rows.iter().zip(&segments).map(|(&r, s)| (r, s.as_slice())).collect();
+            let out: Vec<f32> = prefill(&model, &mut cache, &refs, &device)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            for (r, row) in out.chunks(512).enumerate() {
+                let next = match forced {
+                    Some(f) => f[r][step],
+                    None => argmax(row) as u32,
+                };
+                tokens[r].push(next);
+                segments[r] = vec![next];
+            }
+            // Mid-way, row 1 takes a long segment (an observation) while row 0 decodes.
+            if step == steps / 2 {
+                segments[1].extend((0..31).map(|i| (i * 13 + 7) % 512));
+            }
+            logits.push(out);
+        }
+        (logits, tokens)
+    }
+
+    for nf4 in [false, true] {
+        let (cpu_logits, cpu_tokens) = run::<Cpu>(nf4, 12, None);
+        // wgpu is fed the CPU's tokens, so every step compares the same inputs.
+        let (gpu_logits, gpu_tokens) = run::<Wgpu>(nf4, 12, Some(&cpu_tokens));
+        let mut worst = 0f32;
+        for (step, (c, g)) in cpu_logits.iter().zip(&gpu_logits).enumerate() {
+            let diff = max_abs_diff(c, g);
+            worst = worst.max(diff);
+            assert!(
+                diff <= CACHED_LOGIT_TOLERANCE,
+                "nf4 {nf4}, step {step}: max |logit diff| {diff}"
+            );
+            for (r, (cr, gr)) in c.chunks(512).zip(g.chunks(512)).enumerate() {
+                assert_eq!(argmax(cr), argmax(gr), "nf4 {nf4}, step {step}, row {r}");
+            }
+        }
+        assert_eq!(cpu_tokens, gpu_tokens);
+        eprintln!("nf4 {nf4}: max |logit diff| over the run {worst:e}");
+    }
+}
+
+/// Regression: the output head over a vocabulary wider than wgpu's 65,535 workgroups per
+/// dispatch dimension (Qwen2.5's 151,936) computes every logit on wgpu, as on the CPU.
+#[test]
+fn head_over_a_large_vocabulary_matches_the_cpu() {
+    use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+    use fathom_model::ModelBackend;
+
+    fn head<B: ModelBackend>(rows: usize, cols: usize, m: usize) -> Vec<f32> {
+        let device = Default::default();
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+        let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device);
+        let y = B::dense_linear(x.into_primitive().tensor(), w.into_primitive().tensor());
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(y))
+            .into_data()
+            .to_vec()
+            .unwrap()
+    }
+    for m in [1, 3] {
+        let cpu = head::<Cpu>(151_936, 32, m);
+        let gpu = head::<Wgpu>(151_936, 32, m);
+        let first_bad = cpu
+            .iter()
+            .zip(&gpu)
+            .position(|(a, b)| (a - b).abs() > 1e-4);
+        assert!(first_bad.is_none(), "m {m}: first logit that differs: {first_bad:?} of {}", cpu.len());
+    }
+}

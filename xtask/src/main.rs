@@ -5,11 +5,13 @@ use clap::{Parser, Subcommand};
 mod backend;
 mod bench;
 mod data;
+mod demo;
 mod episode;
 mod eval;
 mod fetch_base;
 mod generate;
 mod grpo_bench;
+mod infer;
 mod logits;
 mod quantize;
 mod repl;
@@ -46,6 +48,12 @@ enum Command {
     Bench(bench::BenchCommand),
     /// Write a random-weight Qwen2 checkpoint of a named shape (for benchmarks against peers).
     MakeModel(bench::MakeModelArgs),
+    /// Run one RLM episode over a document: the model writes code for the sandboxed REPL,
+    /// calls llm() on pieces, and answers; streamed as it happens, then summarised.
+    Infer(infer::InferArgs),
+    /// Serve the browser demo: paste or upload a document (or load a task), ask, and watch the
+    /// episode stream in.
+    Demo(demo::DemoArgs),
     /// Score a trajectory against its task and print every reward component as JSON.
     Score(score::ScoreArgs),
     /// Export a split's tasks as JSONL, one serialized task per line.
@@ -81,6 +89,8 @@ fn main() -> anyhow::Result<()> {
         Command::Quantize(args) => quantize::run(args),
         Command::Bench(command) => bench::run(command),
         Command::MakeModel(args) => bench::make_model(args),
+        Command::Infer(args) => infer::run(args),
+        Command::Demo(args) => demo::run(args),
         Command::Score(args) => score::run(args),
         Command::Data(args) => data::run(args),
         Command::Repl(args) => repl::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
