@@ -52,7 +52,7 @@ pub use logprobs::{SequenceLogprobs, packed_logprobs, sequence_logprobs};
 pub use sample::{Sampling, sample, sequence_rng};
 pub use train::{TrainPass, forward_backward};
 pub use linear::Linear;
-pub use load::LoadOptions;
+pub use load::{LoadOptions, RandomInit};
 pub use lora::{LoraSettings, Target};
 pub use qwen2::Qwen2ForCausalLM;
 pub use tokenizer::{ChatMessage, ChatRole, Tokenizer};

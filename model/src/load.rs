@@ -160,20 +160,33 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
         })
     }
 
-    /// A model with the given shape and random weights (weights and biases N(0, 0.02), norm
-    /// gains 1 + N(0, 0.02)), seeded; with `quantize_nf4` the projections are NF4. For tests
-    /// and benchmarks.
+    /// A model with the given shape and random weights (weights, biases, the embedding and the
+    /// output head N(0, 0.02), norm gains 1 + N(0, 0.02)), seeded; with `quantize_nf4` the
+    /// projections are NF4. For tests and benchmarks.
     pub fn random(config: Qwen2Config, seed: u64, quantize_nf4: bool, device: &B::Device) -> Self {
+        Self::random_init(config, seed, quantize_nf4, RandomInit::default(), device)
+    }
+
+    /// As [`Self::random`], with the standard deviations of `init`. The values are drawn in the
+    /// same order whatever the deviations, so only their scale changes.
+    pub fn random_init(
+        config: Qwen2Config,
+        seed: u64,
+        quantize_nf4: bool,
+        init: RandomInit,
+        device: &B::Device,
+    ) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         build(
             config,
             device,
             |len, kind| match kind {
-                Init::Norm => normal(&mut rng, len, 0.02)
+                Init::Norm => normal(&mut rng, len, init.std)
                     .into_iter()
                     .map(|v| 1.0 + v)
                     .collect(),
-                Init::Weight | Init::Bias => normal(&mut rng, len, 0.02),
+                Init::Weight | Init::Bias => normal(&mut rng, len, init.std),
+                Init::Embedding => normal(&mut rng, len, init.embedding_std),
             },
             quantize_nf4,
         )
@@ -186,11 +199,32 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
     }
 }
 
+/// Standard deviations of a random model's weights ([`Qwen2ForCausalLM::random_init`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RandomInit {
+    /// Projections and biases (and the spread of norm gains around 1).
+    pub std: f32,
+    /// The embedding table and the output head. With frozen norms and head (LoRA training),
+    /// logits are bounded by `‖head row‖ · √hidden`; a larger value lets an adapter on a
+    /// small random model express confident predictions.
+    pub embedding_std: f32,
+}
+
+impl Default for RandomInit {
+    fn default() -> Self {
+        Self {
+            std: 0.02,
+            embedding_std: 0.02,
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Init {
     Weight,
     Bias,
     Norm,
+    Embedding,
 }
 
 fn normal(rng: &mut StdRng, len: usize, std: f32) -> Vec<f32> {
@@ -286,7 +320,7 @@ fn build<B: ModelBackend>(
         let mut done = 0;
         while done < vocab {
             let n = 4096.min(vocab - done);
-            rows.extend(draw(n * hidden, Init::Weight).into_iter().map(half::bf16::from_f32));
+            rows.extend(draw(n * hidden, Init::Embedding).into_iter().map(half::bf16::from_f32));
             done += n;
         }
         let data = TensorData::new(rows, [vocab, hidden]);
@@ -296,7 +330,13 @@ fn build<B: ModelBackend>(
             Tensor::<B, 2>::from_data(data.convert::<f32>(), device)
         }
     };
-    let head = (!config.tie_word_embeddings).then(|| tensor2(config.vocab_size, hidden));
+    let head = (!config.tie_word_embeddings).then(|| {
+        let (rows, cols) = (config.vocab_size, hidden);
+        Tensor::<B, 2>::from_data(
+            TensorData::new(draw(rows * cols, Init::Embedding), [rows, cols]),
+            device,
+        )
+    });
     let vector = |len: usize, kind: Init| {
         Tensor::<B, 1>::from_data(TensorData::new(draw(len, kind), [len]), device)
     };
