@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::AutodiffBackend;
-use fathom_model::{LoadOptions, ModelBackend, Qwen2ForCausalLM, Tokenizer};
+use fathom_model::{LoadOptions, ModelBackend, Qwen2ForCausalLM, RandomInit, Tokenizer};
 
 use crate::recipe::{ModelSource, Plan, Quantization, Tuning};
 
@@ -86,11 +86,19 @@ pub fn load_base<B: ModelBackend>(
     }
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let (model, base) = match &plan.model.source {
-        ModelSource::Random { shape, .. } => {
+        ModelSource::Random {
+            shape,
+            embedding_std,
+            ..
+        } => {
             let config = shape
                 .config(tokenizer.vocab_size())
                 .map_err(PolicyError::Unsupported)?;
-            let model = Qwen2ForCausalLM::random(config, plan.seeds.model, nf4, device);
+            let mut init = RandomInit::default();
+            if let Some(std) = embedding_std {
+                init.embedding_std = *std as f32;
+            }
+            let model = Qwen2ForCausalLM::random_init(config, plan.seeds.model, nf4, init, device);
             (model, format!("random {shape:?} (seed {})", plan.seeds.model))
         }
         _ => {

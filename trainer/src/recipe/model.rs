@@ -26,6 +26,11 @@ pub enum ModelSource {
         shape: Shape,
         /// A directory with `tokenizer.json` and `tokenizer_config.json`.
         tokenizer: PathBuf,
+        /// Standard deviation of the embedding table and output head (default 0.02, as the
+        /// projections). LoRA leaves them and the norms frozen, which bounds the logits a
+        /// small random model can reach; a larger value (e.g. 1.0) lets it learn.
+        #[serde(default)]
+        embedding_std: Option<f64>,
     },
 }
 
@@ -129,6 +134,15 @@ impl ModelSection {
             }
             ModelSource::Random { tokenizer, .. } if tokenizer.as_os_str().is_empty() => {
                 return Err(("model.source.tokenizer".into(), "is empty".into()));
+            }
+            ModelSource::Random {
+                embedding_std: Some(std),
+                ..
+            } if !(std.is_finite() && *std > 0.0) => {
+                return Err((
+                    "model.source.embedding_std".into(),
+                    format!("must be a positive number, got {std}"),
+                ));
             }
             ModelSource::Random { shape, .. } => {
                 // The real vocabulary is the tokenizer's; any will do to check the rest.

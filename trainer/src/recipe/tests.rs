@@ -79,11 +79,17 @@ fn the_a100_recipe_is_the_reference_run() {
 #[test]
 fn the_tiny_recipe_resolves_a_small_random_model() {
     let plan = Plan::from_text(&tiny(), "tiny.ron").unwrap();
-    let ModelSource::Random { shape, tokenizer } = &plan.model.source else {
+    let ModelSource::Random {
+        shape,
+        tokenizer,
+        embedding_std,
+    } = &plan.model.source
+    else {
         panic!("random model expected")
     };
-    assert!(tokenizer.ends_with("qwen2.5-tokenizer"));
-    let config = shape.config(151_665).unwrap();
+    assert!(tokenizer.ends_with("compact-tokenizer"));
+    assert_eq!(*embedding_std, Some(0.25));
+    let config = shape.config(1024).unwrap();
     assert_eq!((config.hidden_size, config.num_hidden_layers), (64, 2));
     // Families needle and compare only: indices 0, 3, 5, 8, … of the split.
     assert_eq!(&plan.train_tasks[..4], &[0, 3, 5, 8]);
@@ -187,7 +193,13 @@ fn bad_values_are_named_with_their_line() {
             "rewards.components[2].saturate_tokens",
             "saturate_tokens: 100",
         ),
-        ("rank: 4,", "rank: 0,", "model.tuning.rank", "rank: 0"),
+        ("rank: 16,", "rank: 0,", "model.tuning.rank", "rank: 0"),
+        (
+            "embedding_std: Some(0.25)",
+            "embedding_std: Some(-1.0)",
+            "model.source.embedding_std",
+            "embedding_std: Some(-1.0)",
+        ),
         (
             "train: (split: train, count: 20)",
             "train: (split: train, count: 5000)",
