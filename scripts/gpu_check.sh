@@ -14,6 +14,9 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/nvidia/lib64:${NV}:${LD_
 ls /usr/local/cuda/lib64/libnvrtc* 2>/dev/null | head -3
 export PYTHONUNBUFFERED=1
 echo "== cuda_report"
+# Its `throughput_smollm2-135m` and `throughput_qwen2.5-1.5b_nf4` lines are the CUDA case of the
+# inference benchmark in docs/inference.md (`cargo xtask bench model`'s protocol: prefill,
+# decode at batch 1 and 8, peak RSS), measured there on the CPU and on wgpu.
 # Device memory of the whole process, sampled every 100 ms while the report runs (its last
 # section is the QLoRA training step; the report itself prints what the allocator reserved).
 nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/gpu_memory.csv" &

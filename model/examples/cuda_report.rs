@@ -1,6 +1,7 @@
 //! The CUDA check run on a GPU machine: parity of the CubeCL NF4 kernel and of the fixture
 //! models on CUDA against the CPU path and `transformers`, then throughput figures (NF4 against
-//! dense f32, one Qwen2.5-Coder-1.5B-shape forward pass, decode throughput) and the QLoRA
+//! dense f32, one Qwen2.5-Coder-1.5B-shape forward pass, prefill and decode throughput of the
+//! 0.5B shape, SmolLM2-135M's shape and the 1.5B shape in NF4) and the QLoRA
 //! training step of `cargo xtask bench train-step` (1.5B shape, NF4 base, 1024 tokens, with and
 //! without checkpointing: step time and the device memory the allocator reserved). Prints one
 //! JSON line per check; exits non-zero if a parity check fails.
@@ -15,7 +16,7 @@ use fathom_model::checkpoint::Checkpoint;
 use fathom_model::linear::Nf4Weight;
 use fathom_model::save::SaveDtype;
 use fathom_model::{
-    Cpu, Cuda, GenerateConfig, LoadOptions, Qwen2Config, Qwen2ForCausalLM,
+    Cpu, Cuda, GenerateConfig, LoadOptions, ModelType, Qwen2Config, Qwen2ForCausalLM,
     generate,
 };
 use serde_json::json;
@@ -172,6 +173,20 @@ fn main() -> R {
         "{}",
         json!({"bench": "throughput_qwen2.5-0.5b", "backend": "cuda", "figures": t})
     );
+    // The default base's shape, SmolLM2-135M-Instruct (Llama; random weights): the CUDA case of
+    // docs/inference.md's `cargo xtask bench model` figures, with the 1.5B NF4 line below.
+    let mut smol = Qwen2Config::with_shape(49_152, 576, 1536, 30, 9, 3);
+    smol.model_type = Some(ModelType::Llama);
+    smol.attention_bias = Some(false);
+    smol.head_dim = Some(64);
+    smol.rope_theta = Some(100_000.0);
+    let smol = Qwen2ForCausalLM::<Cuda>::random(smol, 0, false, &device);
+    let t = throughput(&smol, &protocol, &device)?;
+    println!(
+        "{}",
+        json!({"bench": "throughput_smollm2-135m", "backend": "cuda", "figures": t})
+    );
+    drop(smol);
     let coder = Qwen2ForCausalLM::<Cuda>::random(Qwen2Config::qwen2_5_1_5b(), 0, true, &device);
     let t = throughput(
         &coder,

@@ -124,7 +124,7 @@ fn sample_on_device<B: ModelBackend>(
 ) -> Result<Vec<(u32, f32)>> {
     let [rows, vocab] = logits.dims();
     let device = logits.device();
-    let z = logits.div_scalar(sampling.temperature());
+    let z = pad_row(logits, &device).div_scalar(sampling.temperature());
     let max = z.clone().max_dim(1);
     let lse = max.clone() + (z.clone() - max).exp().sum_dim(1).log();
     match sampling {
@@ -140,7 +140,7 @@ fn sample_on_device<B: ModelBackend>(
             let draws = Tensor::<B, 2>::from_data(TensorData::new(draws, [rows, 1]), &device);
             let cumulative = (z.clone() - lse.clone()).exp().cumsum(1);
             let index = cumulative
-                .lower(draws.expand([rows, vocab]))
+                .lower(draws.expand([rows, z.dims()[1]]))
                 .int()
                 .sum_dim(1)
                 .clamp_max(vocab as i64 - 1);
@@ -178,6 +178,26 @@ fn sample_on_device<B: ModelBackend>(
         }
     }
 }
+
+/// Rows of `logits` padded with `-inf` to a multiple of [`ROW_ALIGN`] columns, which no
+/// reduction, top-k or cumulative sum below can pick or count (an index past the vocabulary is
+/// clamped back into it). Why: burn 0.21's reductions on wgpu read a row as 4-wide lines only
+/// when its length is a multiple of 4, and with single-element lines they drop elements once a
+/// row holds more than 65,535 of them — on Qwen2.5's 151,665-token tokenizer, the argmax came
+/// back 0 and the log-sum-exp counted 65,532 logits (found by `xtask/tests/infer.rs`' CPU
+/// against wgpu episode).
+fn pad_row<B: ModelBackend>(logits: Tensor<B, 2>, device: &B::Device) -> Tensor<B, 2> {
+    let [rows, vocab] = logits.dims();
+    let pad = vocab.next_multiple_of(ROW_ALIGN) - vocab;
+    if pad == 0 {
+        return logits;
+    }
+    let fill = Tensor::<B, 2>::full([rows, pad], f32::NEG_INFINITY, device);
+    Tensor::cat(vec![logits, fill], 1)
+}
+
+/// Columns the device path pads a row of logits to (see [`pad_row`]).
+const ROW_ALIGN: usize = 4;
 
 /// Picks a token from one row of logits; returns it with its log-probability.
 pub fn choose(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> (u32, f32) {

@@ -75,7 +75,8 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // CubeCL logs each kernel autotune at info: dozens of lines per wgpu run.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,cubecl_runtime=warn")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -493,6 +493,7 @@ impl<B: ModelBackend> Engine<'_, B> {
         let eot = self.chat.end_of_turn();
         let max = self.settings.sub_call_tokens;
         let sub = self.subs[j].as_mut().expect("live sub-call");
+        self.stats.generated_tokens += 1;
         if token != eot {
             sub.out.push(token);
         }
