@@ -11,7 +11,8 @@
 //!
 //! This test binary serves as its own sandbox worker (`harness = false`).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+mod common;
+
 use std::path::Path;
 
 use fathom_env::sandbox::WorkerCommand;
@@ -70,17 +71,5 @@ fn main() {
     // Recipe paths are relative to the repository root, as `cargo xtask` runs there.
     std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
     let tests: [(&str, fn()); 1] = [("sft_on_expert_traces_learns", sft_on_expert_traces_learns)];
-    println!("\nrunning {} tests", tests.len());
-    let mut failed = 0;
-    for (name, test) in tests {
-        let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();
-        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
-        failed += usize::from(!ok);
-    }
-    let passed = tests.len() - failed;
-    let verdict = if failed == 0 { "ok" } else { "FAILED" };
-    println!(
-        "\ntest result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n"
-    );
-    std::process::exit(i32::from(failed > 0));
+    common::run_tests(&tests);
 }

@@ -9,7 +9,8 @@
 //! This test binary serves as its own sandbox worker and, for the SIGKILL case, as the child
 //! process that trains (`harness = false`).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -176,17 +177,5 @@ fn main() {
         ("stopped_and_resumed_runs_are_exact", stopped_and_resumed_runs_are_exact),
         ("killed_runs_resume_exactly", killed_runs_resume_exactly),
     ];
-    println!("\nrunning {} tests", tests.len());
-    let mut failed = 0;
-    for (name, test) in tests {
-        let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();
-        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
-        failed += usize::from(!ok);
-    }
-    let passed = tests.len() - failed;
-    let verdict = if failed == 0 { "ok" } else { "FAILED" };
-    println!(
-        "\ntest result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n"
-    );
-    std::process::exit(i32::from(failed > 0));
+    common::run_tests(&tests);
 }

@@ -6,7 +6,8 @@
 //!
 //! This test binary serves as its own sandbox worker (`harness = false`).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+mod common;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -289,17 +290,5 @@ fn main() {
             llm_calls_are_answered_by_the_policy,
         ),
     ];
-    println!("\nrunning {} tests", tests.len());
-    let mut failed = 0;
-    for (name, test) in tests {
-        let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();
-        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
-        failed += usize::from(!ok);
-    }
-    let passed = tests.len() - failed;
-    let verdict = if failed == 0 { "ok" } else { "FAILED" };
-    println!(
-        "\ntest result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n"
-    );
-    std::process::exit(i32::from(failed > 0));
+    common::run_tests(&tests);
 }

@@ -5,8 +5,9 @@
 //! This test binary serves as its own sandbox worker (`harness = false`: `main` first hands
 //! over to the worker when started as one), so it needs no other binary.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,18 +138,5 @@ fn main() {
         "expert_traces_vary_waste_on_purpose_and_stay_correct",
         expert_traces_vary_waste_on_purpose_and_stay_correct,
     )];
-    let plural = if tests.len() == 1 { "" } else { "s" };
-    println!("\nrunning {} test{plural}", tests.len());
-    let mut failed = 0;
-    for (name, test) in tests {
-        let ok = catch_unwind(AssertUnwindSafe(test)).is_ok();
-        println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
-        failed += usize::from(!ok);
-    }
-    let passed = tests.len() - failed;
-    let verdict = if failed == 0 { "ok" } else { "FAILED" };
-    println!(
-        "\ntest result: {verdict}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out\n"
-    );
-    std::process::exit(i32::from(failed > 0));
+    common::run_tests(&tests);
 }
