@@ -14,20 +14,23 @@
 //! same kind of sandbox pool instead, the baseline that shows what the server adds. Exits
 //! non-zero if any episode failed.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use fathom_env::client::{RemoteEnv, ServerPool};
-use fathom_env::env::{AgentAction, Environment, ReplEnv, ResetRequest, Services};
-use fathom_env::expert::{Expert, PassageReader};
-use fathom_env::policy::Policy;
+use fathom_env::env::{Environment, ReplEnv, Services};
+use fathom_env::expert::PassageReader;
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
 use fathom_env::server::{EnvServer, ServerConfig};
 use fathom_env::tasks;
 use fathom_rewards::Composite;
-use fathom_rewards::record::{EndReason, Split};
+
+use common::{Tally, percentile};
+use fathom_rewards::record::Split;
 
 struct Args {
     sessions: usize,
@@ -73,23 +76,6 @@ fn args() -> Args {
         "--sessions and --episodes must be positive"
     );
     a
-}
-
-#[derive(Default)]
-struct Tally {
-    steps_ms: Vec<f64>,
-    resets_ms: Vec<f64>,
-    episodes: usize,
-    correct: usize,
-    errors: Vec<String>,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 fn main() {
@@ -138,7 +124,6 @@ fn main() {
             let (episodes, services, in_process) =
                 (args.episodes, services.clone(), args.in_process);
             std::thread::spawn(move || {
-                let composite = Composite::default();
                 let mut env: Box<dyn Environment> = if in_process {
                     Box::new(ReplEnv::new(services))
                 } else {
@@ -151,64 +136,7 @@ fn main() {
                         return;
                     }
                     let index = n % split_len;
-                    let task =
-                        tasks::split_task(Split::Eval, index, &Default::default()).expect("task");
-                    let (mut steps, mut error) = (Vec::new(), None);
-                    let t = Instant::now();
-                    let reset = env.reset(ResetRequest::Split {
-                        split: Split::Eval,
-                        index,
-                    });
-                    let reset_ms = t.elapsed().as_secs_f64() * 1e3;
-                    let mut correct = false;
-                    match reset {
-                        Err(e) => error = Some(format!("{}: reset: {e}", task.id)),
-                        Ok(mut obs) => {
-                            while !obs.done {
-                                let message = match Expert.respond(&obs.messages) {
-                                    Ok(m) => m,
-                                    Err(e) => {
-                                        error = Some(format!("{}: expert: {e}", task.id));
-                                        break;
-                                    }
-                                };
-                                let t = Instant::now();
-                                match env.step(AgentAction::Message(message)) {
-                                    Ok(o) => obs = o,
-                                    Err(e) => {
-                                        error = Some(format!("{}: step: {e}", task.id));
-                                        break;
-                                    }
-                                }
-                                steps.push(t.elapsed().as_secs_f64() * 1e3);
-                            }
-                            if error.is_none() {
-                                match env.trajectory() {
-                                    Ok(t) if t.end_reason == EndReason::Answered => {
-                                        correct =
-                                            composite.score(&task, &t).is_ok_and(|s| s.correct);
-                                    }
-                                    Ok(t) => {
-                                        error = Some(format!(
-                                            "{}: ended with {:?}",
-                                            task.id, t.end_reason
-                                        ))
-                                    }
-                                    Err(e) => error = Some(format!("{}: trajectory: {e}", task.id)),
-                                }
-                            }
-                        }
-                    }
-                    let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-                    t.resets_ms.push(reset_ms);
-                    t.steps_ms.extend(steps);
-                    match error {
-                        Some(e) => t.errors.push(e),
-                        None => {
-                            t.episodes += 1;
-                            t.correct += usize::from(correct);
-                        }
-                    }
+                    common::episode(env.as_mut(), index, &tally);
                 }
             })
         })

@@ -23,6 +23,8 @@
 //! descriptors grow by more than `--fd-margin`, or if the server keeps more worker processes
 //! at the end than at the start.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,14 +32,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fathom_env::client::{RemoteEnv, ServerPool};
-use fathom_env::env::{AgentAction, Environment, ResetRequest, Services};
-use fathom_env::expert::{Expert, PassageReader};
-use fathom_env::policy::Policy;
+use fathom_env::env::Services;
+use fathom_env::expert::PassageReader;
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
 use fathom_env::server::{EnvServer, ServerConfig};
 use fathom_env::tasks;
 use fathom_rewards::Composite;
-use fathom_rewards::record::{EndReason, Split};
+use fathom_rewards::record::Split;
+
+use common::{Tally, episode, percentile};
 
 struct Args {
     episodes: usize,
@@ -179,79 +182,6 @@ fn settled(pid: u32) -> Footprint {
         last = now;
     }
     last
-}
-
-#[derive(Default)]
-struct Tally {
-    steps_ms: Vec<f64>,
-    resets_ms: Vec<f64>,
-    episodes: usize,
-    correct: usize,
-    errors: Vec<String>,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
-/// One expert episode on `index` of the eval split.
-fn episode(env: &mut RemoteEnv, index: usize, tally: &Mutex<Tally>) {
-    let task = tasks::split_task(Split::Eval, index, &Default::default()).expect("task");
-    let (mut steps, mut error, mut correct) = (Vec::new(), None, false);
-    let t = Instant::now();
-    let reset = env.reset(ResetRequest::Split {
-        split: Split::Eval,
-        index,
-    });
-    let reset_ms = t.elapsed().as_secs_f64() * 1e3;
-    match reset {
-        Err(e) => error = Some(format!("{}: reset: {e}", task.id)),
-        Ok(mut obs) => {
-            while !obs.done {
-                let message = match Expert.respond(&obs.messages) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        error = Some(format!("{}: expert: {e}", task.id));
-                        break;
-                    }
-                };
-                let t = Instant::now();
-                match env.step(AgentAction::Message(message)) {
-                    Ok(o) => obs = o,
-                    Err(e) => {
-                        error = Some(format!("{}: step: {e}", task.id));
-                        break;
-                    }
-                }
-                steps.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            if error.is_none() {
-                match env.trajectory() {
-                    Ok(t) if t.end_reason == EndReason::Answered => {
-                        correct = Composite::default()
-                            .score(&task, &t)
-                            .is_ok_and(|s| s.correct);
-                    }
-                    Ok(t) => error = Some(format!("{}: ended with {:?}", task.id, t.end_reason)),
-                    Err(e) => error = Some(format!("{}: trajectory: {e}", task.id)),
-                }
-            }
-        }
-    }
-    let mut t = tally.lock().unwrap_or_else(|p| p.into_inner());
-    t.resets_ms.push(reset_ms);
-    t.steps_ms.extend(steps);
-    match error {
-        Some(e) => t.errors.push(e),
-        None => {
-            t.episodes += 1;
-            t.correct += usize::from(correct);
-        }
-    }
 }
 
 /// Runs `episodes` episodes on `clients` threads (each its own session, closed at the end),
