@@ -36,6 +36,11 @@ pub struct TraceSettings {
     /// Fraction of traces with a wasted first turn (over-reading, or an unneeded `llm()`
     /// call), in `[0, 1]`.
     pub wasteful_fraction: f64,
+    /// Needle traces search with a two-line `re.findall` of the key's sentences instead of the
+    /// expert's helper function: for small models, which learn the short form far sooner.
+    /// Optional; `false` when absent.
+    #[serde(default)]
+    pub short_search: bool,
 }
 
 impl TraceSettings {
@@ -109,7 +114,7 @@ pub struct Trace {
 pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettings) -> Style {
     let mut rng = TrainRng::seed_from_u64(seed);
     rng.set_stream(index);
-    Style::draw(&mut rng, family, settings.wasteful_fraction)
+    Style::draw(&mut rng, family, settings.wasteful_fraction, settings.short_search)
 }
 
 /// Runs `settings.count` expert episodes through `env`, taking `tasks` in turn, each in a

@@ -44,6 +44,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     let settings = TraceSettings {
         count: 45,
         wasteful_fraction: 0.3,
+        short_search: false,
     };
     let rewards = Composite::default();
     let mut env = env();
@@ -132,11 +133,48 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     }
 }
 
+/// `short_search` needle traces: a two-line search as the first turn, still correct through
+/// the real environment, with the observation holding the key's sentences.
+fn short_search_traces_stay_correct() {
+    let config = TaskConfig {
+        context_window: 256,
+        min_doc_tokens: 200,
+        max_window_factor: 3.0,
+    };
+    let tasks: Vec<_> = (0..80)
+        .map(|i| tasks::split_task(Split::Train, i, &config).unwrap())
+        .filter(|t| t.family == Family::Needle)
+        .take(12)
+        .collect();
+    assert_eq!(tasks.len(), 12);
+    let settings = TraceSettings {
+        count: 24,
+        wasteful_fraction: 0.0,
+        short_search: true,
+    };
+    let mut env = env();
+    let traces = generate_traces(&mut env, &tasks, &Composite::default(), &settings, 3).unwrap();
+    for t in &traces {
+        assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
+        let first = &t.messages[2].content;
+        assert!(first.contains("re.findall(") && first.lines().count() <= 5, "{first}");
+        assert!(t.messages[3].content.contains("access code"), "{}", t.messages[3].content);
+        assert_eq!(t.messages.len(), 5, "{}: search, then answer", t.task_id);
+    }
+    eprintln!("{}/{} short-search traces correct", traces.len(), traces.len());
+}
+
 fn main() {
     fathom_env::sandbox::run_worker_if_requested();
-    let tests: [(&str, fn()); 1] = [(
-        "expert_traces_vary_waste_on_purpose_and_stay_correct",
-        expert_traces_vary_waste_on_purpose_and_stay_correct,
-    )];
+    let tests: [(&str, fn()); 2] = [
+        (
+            "expert_traces_vary_waste_on_purpose_and_stay_correct",
+            expert_traces_vary_waste_on_purpose_and_stay_correct,
+        ),
+        (
+            "short_search_traces_stay_correct",
+            short_search_traces_stay_correct,
+        ),
+    ];
     common::run_tests(&tests);
 }

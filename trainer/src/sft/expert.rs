@@ -7,7 +7,9 @@
 //! - **Code surface**: the fence label (`repl` or `python`) and the names of the expert's
 //!   variables and helper (renamed consistently across the whole trace).
 //! - **Strategy**: for needle tasks, printing a window around each mention of the key
-//!   instead of the sentences that mention it.
+//!   instead of the sentences that mention it; or, when the recipe asks for it
+//!   ([`crate::sft::TraceSettings::short_search`]), a two-line `re.findall` of the sentences
+//!   that mention the key (short enough for a small model to learn to write).
 //! - **Waste** (a configurable fraction of traces, so GRPO has something to improve): a first
 //!   turn that prints a large slice of the document ([`Detour::Overread`]), or that sends a
 //!   slice to `llm()` ([`Detour::LlmOveruse`]) before the expert's own work. The expert never
@@ -87,6 +89,10 @@ pub struct Style {
     pub python_fence: bool,
     /// Needle tasks: print windows around the key instead of sentences.
     pub windows: bool,
+    /// Needle tasks: a two-line `re.findall` of the key's sentences as the first code turn
+    /// (overrides `windows`).
+    #[serde(default)]
+    pub short_search: bool,
     /// A wasted first turn, if any.
     pub detour: Option<Detour>,
 }
@@ -101,13 +107,21 @@ impl Style {
             names: 0,
             python_fence: false,
             windows: false,
+            short_search: false,
             detour: None,
         }
     }
 
     /// Draws a style for a trace of `family`; with probability `wasteful_fraction` it has
-    /// a detour (over-reading or an unneeded `llm()` call, half each).
-    pub fn draw(rng: &mut impl Rng, family: Family, wasteful_fraction: f64) -> Style {
+    /// a detour (over-reading or an unneeded `llm()` call, half each). With `short_search`,
+    /// needle traces search with a two-line `re.findall` (no draw is spent on it, so the
+    /// other choices are the same as without it).
+    pub fn draw(
+        rng: &mut impl Rng,
+        family: Family,
+        wasteful_fraction: f64,
+        short_search: bool,
+    ) -> Style {
         let detour = if rng.random_bool(wasteful_fraction.clamp(0.0, 1.0)) {
             let chars = rng.random_range(2000..=6000);
             Some(if rng.random_bool(0.5) {
@@ -125,6 +139,7 @@ impl Style {
             names: rng.random_range(0..NAMES.len()),
             python_fence: rng.random_bool(0.3),
             windows: family == Family::Needle && rng.random_bool(0.5),
+            short_search: short_search && family == Family::Needle,
             detour,
         }
     }
@@ -189,6 +204,15 @@ impl VariedExpert {
         self.fence(OPENERS[self.style.opener], &code)
     }
 
+    /// The short needle strategy: the sentences that mention the key, by one regular expression.
+    fn needle_short(&self, key: &str) -> String {
+        let code = format!(
+            "import re\nprint(re.findall(r\"[^.\\n]*\\b{k}\\b[^.\\n]*\\.?\", context))",
+            k = re_escape(key)
+        );
+        self.fence(OPENERS[self.style.opener], &code)
+    }
+
     /// Rewrites one of the expert's messages in this style.
     fn restyle(&self, reply: &str, first_code_turn: bool) -> String {
         if let Some(body) = reply
@@ -214,6 +238,20 @@ impl VariedExpert {
         }
         reply.to_string()
     }
+}
+
+/// `s` as a literal in a Python regular expression outside a character class: its
+/// metacharacters are escaped, nothing else (a vault label such as `O7-HARBOR` stays as it is,
+/// so a model copies it from the question unchanged).
+fn re_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 2);
+    for c in s.chars() {
+        if ".^$*+?{}[]\\|()".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Replaces the identifier `from` with `to` where it stands as a whole word.
@@ -262,12 +300,16 @@ impl Policy for VariedExpert {
         };
         let expert_turns = view.iter().filter(|m| m.role == Role::Assistant).count();
         if expert_turns == 0
-            && self.style.windows
+            && (self.style.windows || self.style.short_search)
             && let Some(key) = question
                 .strip_prefix("What is the access code for vault ")
                 .and_then(|r| r.strip_suffix('?'))
         {
-            return Ok(self.needle_windows(key));
+            return Ok(if self.style.short_search {
+                self.needle_short(key)
+            } else {
+                self.needle_windows(key)
+            });
         }
         let reply = Expert.respond(&view)?;
         Ok(self.restyle(&reply, expert_turns == 0))
@@ -277,6 +319,25 @@ impl Policy for VariedExpert {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_search_is_two_lines_with_the_key_escaped() {
+        let expert = VariedExpert {
+            style: Style {
+                short_search: true,
+                ..Style::plain()
+            },
+        };
+        assert_eq!(
+            expert.needle_short("O7-HARBOR"),
+            "```repl\nimport re\nprint(re.findall(r\"[^.\\n]*\\bO7-HARBOR\\b[^.\\n]*\\.?\", context))\n```"
+        );
+    }
+
+    #[test]
+    fn escapes_regex_metacharacters_only() {
+        assert_eq!(re_escape("A1-B.c(d)*"), "A1-B\\.c\\(d\\)\\*");
+    }
 
     #[test]
     fn renames_whole_words_only() {
@@ -292,7 +353,7 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
         let styles: Vec<Style> = (0..400)
-            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25))
+            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25, false))
             .collect();
         let wasteful = styles.iter().filter(|s| s.detour.is_some()).count();
         assert!((70..=130).contains(&wasteful), "{wasteful} of 400");
@@ -302,7 +363,7 @@ mod tests {
             .collect();
         assert!(distinct.len() > 30, "{}", distinct.len());
         assert!(styles.iter().any(|s| s.windows) && styles.iter().any(|s| !s.windows));
-        let none = (0..100).all(|_| Style::draw(&mut rng, Family::Compare, 0.0).detour.is_none());
+        let none = (0..100).all(|_| Style::draw(&mut rng, Family::Compare, 0.0, true).detour.is_none());
         assert!(none);
     }
 }
