@@ -71,6 +71,20 @@ pub enum ModelError {
         /// What is wrong.
         message: String,
     },
+    /// A tensor is larger than the device lets one buffer be.
+    #[error(
+        "tensor `{name}` needs one buffer of {bytes} bytes, but this device allows at most {max} \
+         per buffer (a wgpu adapter's storage-buffer limit); run it on the CPU (`--backend cpu`) \
+         or on a GPU whose driver allows larger buffers"
+    )]
+    TooLarge {
+        /// The tensor.
+        name: String,
+        /// Bytes it needs.
+        bytes: usize,
+        /// The device's limit.
+        max: usize,
+    },
     /// A LoRA adapter is malformed or does not fit the model.
     #[error("adapter {path}: {message}")]
     Adapter {

@@ -128,6 +128,17 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
             }
             None
         } else {
+            let bytes = config.vocab_size * hidden * 4;
+            if let Some(max) = B::max_buffer_bytes(device)
+                && bytes > max
+                && !ck.contains("lm_head.weight.quant_state.bitsandbytes__nf4")
+            {
+                return Err(ModelError::TooLarge {
+                    name: "lm_head.weight".into(),
+                    bytes,
+                    max,
+                });
+            }
             // bitsandbytes leaves lm_head unquantized unless asked; read it as it is stored.
             Some(projection(
                 "lm_head",
@@ -138,14 +149,12 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
             )?)
         };
         let model = Qwen2Model {
-            embed_tokens: Embedding {
-                weight: embedding_table::<B>(
-                    &ck,
-                    "model.embed_tokens.weight",
-                    [config.vocab_size, hidden],
-                    device,
-                )?,
-            },
+            embed_tokens: embedding_table::<B>(
+                &ck,
+                "model.embed_tokens.weight",
+                [config.vocab_size, hidden],
+                device,
+            )?,
             layers,
             norm: RmsNorm {
                 weight: vector("model.norm.weight", hidden)?,
@@ -249,7 +258,7 @@ fn embedding_table<B: ModelBackend>(
     name: &str,
     shape: [usize; 2],
     device: &B::Device,
-) -> Result<Tensor<B, 2>> {
+) -> Result<Embedding<B>> {
     let raw = ck.raw(name)?;
     if raw.shape != shape {
         return Err(ModelError::Shape {
@@ -264,10 +273,12 @@ fn embedding_table<B: ModelBackend>(
             .chunks_exact(2)
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
             .collect();
-        return Ok(Tensor::from_data(TensorData::new(values, shape), device));
+        let data = TensorData::new(values, shape);
+        return Ok(Embedding::from_data(data, B::max_buffer_bytes(device), device));
     }
     let values = crate::checkpoint::to_f32(name, raw.dtype, raw.data)?;
-    Ok(Tensor::from_data(TensorData::new(values, shape), device))
+    let data = TensorData::new(values, shape);
+    Ok(Embedding::from_data(data, B::max_buffer_bytes(device), device))
 }
 
 fn build<B: ModelBackend>(
@@ -324,11 +335,12 @@ fn build<B: ModelBackend>(
             done += n;
         }
         let data = TensorData::new(rows, [vocab, hidden]);
-        if B::KEEPS_BF16 {
-            Tensor::<B, 2>::from_data(data, device)
+        let data = if B::KEEPS_BF16 {
+            data
         } else {
-            Tensor::<B, 2>::from_data(data.convert::<f32>(), device)
-        }
+            data.convert::<f32>()
+        };
+        Embedding::from_data(data, B::max_buffer_bytes(device), device)
     };
     let head = (!config.tie_word_embeddings).then(|| {
         let (rows, cols) = (config.vocab_size, hidden);
@@ -380,7 +392,7 @@ fn build<B: ModelBackend>(
     };
     Qwen2ForCausalLM {
         model: Qwen2Model {
-            embed_tokens: Embedding { weight: embed },
+            embed_tokens: embed,
             layers,
             norm,
             rotary_emb: RotaryEmbedding::new(&config, device),

@@ -21,25 +21,100 @@ use crate::error::{ModelError, Result};
 use crate::inputs::{RotaryEmbedding, Segment, StepInput};
 use crate::linear::{BaseWeight, Linear};
 
-/// Token embeddings, `weight` `[vocab, hidden]`.
+/// Token embeddings `[vocab, hidden]`, held as consecutive row blocks.
+///
+/// One block, unless the backend bounds the size of one buffer
+/// ([`ModelBackend::max_buffer_bytes`]: a wgpu adapter's storage-buffer limit, 128 MiB on
+/// lavapipe) below the table's size, as for Qwen2.5-1.5B's 933 MB f32 table; then each block
+/// holds as many whole rows as fit ([`Embedding::from_data`]).
 #[derive(Module, Debug)]
 pub struct Embedding<B: Backend> {
-    /// The embedding matrix (frozen): f32, or bf16 on backends that keep it
+    /// The row blocks, in vocabulary order (frozen): f32, or bf16 on backends that keep it
     /// ([`ModelBackend::KEEPS_BF16`]) when the checkpoint stores it so.
-    pub weight: Tensor<B, 2>,
+    pub blocks: Vec<Tensor<B, 2>>,
 }
 
 impl<B: Backend> Embedding<B> {
+    /// An embedding of one block.
+    pub fn new(weight: Tensor<B, 2>) -> Self {
+        Self {
+            blocks: vec![weight],
+        }
+    }
+
+    /// Uploads a `[rows, cols]` table from host `data` in blocks of at most `max_bytes`
+    /// (whole rows, at least one per block); `None` for one block.
+    pub fn from_data(
+        data: burn::tensor::TensorData,
+        max_bytes: Option<usize>,
+        device: &B::Device,
+    ) -> Self {
+        let [rows, cols] = [data.shape[0], data.shape[1]];
+        let row_bytes = cols * data.dtype.size();
+        let per_block = match max_bytes {
+            Some(max) if rows * row_bytes > max => (max / row_bytes.max(1)).max(1),
+            _ => return Self::new(Tensor::from_data(data, device)),
+        };
+        let bytes = data.as_bytes();
+        let blocks = (0..rows)
+            .step_by(per_block)
+            .map(|start| {
+                let n = per_block.min(rows - start);
+                let part = bytes[start * row_bytes..(start + n) * row_bytes].to_vec();
+                Tensor::from_data(
+                    burn::tensor::TensorData::from_bytes_vec(part, [n, cols], data.dtype),
+                    device,
+                )
+            })
+            .collect();
+        Self { blocks }
+    }
+
+    /// Vocabulary size (rows over all blocks).
+    pub fn rows(&self) -> usize {
+        self.blocks.iter().map(|b| b.dims()[0]).sum()
+    }
+
+    /// The whole table as one tensor (for saving; on a backend that bounds buffers below its
+    /// size, this allocation fails as loading it whole would have).
+    pub fn weight(&self) -> Tensor<B, 2> {
+        match self.blocks.as_slice() {
+            [one] => one.clone(),
+            blocks => Tensor::cat(blocks.to_vec(), 0),
+        }
+    }
+
     /// The rows of `ids`, widened to f32.
     ///
     /// # Shapes
     /// - `ids`: `[n]`; output: `[n, hidden]`
     pub fn forward(&self, ids: Tensor<B, 1, Int>) -> Tensor<B, 2> {
-        let rows = self.weight.clone().select(0, ids);
-        match rows.dtype() {
+        let widen = |rows: Tensor<B, 2>| match rows.dtype() {
             DType::F32 => rows,
             _ => rows.cast(DType::F32),
+        };
+        if let [one] = self.blocks.as_slice() {
+            return widen(one.clone().select(0, ids));
         }
+        // Each block gathers the ids in its range (others clamped into it, then zeroed).
+        let mut start = 0i64;
+        let mut sum: Option<Tensor<B, 2>> = None;
+        for block in &self.blocks {
+            let n = block.dims()[0] as i64;
+            let inside = ids
+                .clone()
+                .greater_equal_elem(start)
+                .bool_and(ids.clone().lower_elem(start + n));
+            let local = (ids.clone() - start).clamp(0, n - 1);
+            let rows = widen(block.clone().select(0, local))
+                * inside.float().unsqueeze_dim::<2>(1);
+            sum = Some(match sum {
+                Some(s) => s + rows,
+                None => rows,
+            });
+            start += n;
+        }
+        sum.expect("an embedding has at least one block")
     }
 }
 
@@ -240,7 +315,10 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
     pub fn head(&self) -> Head<B> {
         let prim = |t: &Tensor<B, 2>| t.clone().into_primitive().tensor();
         match &self.lm_head {
-            None => Head::Dense(prim(&self.model.embed_tokens.weight)),
+            None => match self.model.embed_tokens.blocks.as_slice() {
+                [one] => Head::Dense(prim(one)),
+                blocks => Head::Blocks(blocks.iter().map(prim).collect()),
+            },
             Some(head) => match &head.weight {
                 BaseWeight::Dense(w) => Head::Dense(prim(w)),
                 BaseWeight::Nf4(w) => Head::Nf4 {
@@ -392,13 +470,8 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
 
     /// Number of weights in the model (NF4 weights counted by their logical size).
     pub fn num_weights(&self) -> usize {
-        let mut n = self
-            .model
-            .embed_tokens
-            .weight
-            .dims()
-            .iter()
-            .product::<usize>();
+        let embed = &self.model.embed_tokens;
+        let mut n = embed.rows() * embed.blocks[0].dims()[1];
         n += self.model.norm.weight.dims()[0];
         for l in &self.model.layers {
             n += l.input_layernorm.weight.dims()[0] + l.post_attention_layernorm.weight.dims()[0];
@@ -411,5 +484,74 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
             }
         }
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+
+    use super::*;
+    use crate::Cpu;
+    use crate::config::Qwen2Config;
+
+    fn table(rows: usize, cols: usize) -> TensorData {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+            .collect();
+        TensorData::new(values, [rows, cols])
+    }
+
+    #[test]
+    fn blocked_embedding_gathers_and_projects_as_one_block() {
+        let device = Default::default();
+        let (rows, cols) = (103, 8);
+        let whole = Embedding::<Cpu>::from_data(table(rows, cols), None, &device);
+        // 10 rows of 8 f32 per block: 11 blocks, the last of 3 rows.
+        let blocked = Embedding::<Cpu>::from_data(table(rows, cols), Some(10 * 8 * 4 + 7), &device);
+        assert_eq!(whole.blocks.len(), 1);
+        assert_eq!(blocked.blocks.len(), 11);
+        assert_eq!(blocked.blocks[10].dims(), [3, 8]);
+        assert_eq!(blocked.rows(), rows);
+        assert_eq!(blocked.weight().into_data(), whole.weight().into_data());
+
+        let ids: Vec<i64> = vec![0, 9, 10, 11, 55, 99, 100, 102, 3, 102];
+        let ids = Tensor::<Cpu, 1, Int>::from_data(TensorData::new(ids, [10]), &device);
+        assert_eq!(
+            blocked.forward(ids.clone()).into_data(),
+            whole.forward(ids).into_data()
+        );
+
+        let prim = |t: &Tensor<Cpu, 2>| t.clone().into_primitive().tensor();
+        let one = Head::<Cpu>::Dense(prim(&whole.blocks[0]));
+        let many = Head::<Cpu>::Blocks(blocked.blocks.iter().map(prim).collect());
+        let x: Vec<f32> = (0..3 * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let x = Tensor::<Cpu, 2>::from_data(TensorData::new(x, [3, cols]), &device);
+        let float = |t| Tensor::<Cpu, 2>::from_primitive(TensorPrimitive::Float(t)).into_data();
+        float(many.forward(prim(&x)))
+            .assert_approx_eq::<f32>(&float(one.forward(prim(&x))), Default::default());
+        let g: Vec<f32> = (0..3 * rows).map(|i| (i as f32 * 0.11).cos()).collect();
+        let g = Tensor::<Cpu, 2>::from_data(TensorData::new(g, [3, rows]), &device);
+        float(many.backward(prim(&g)))
+            .assert_approx_eq::<f32>(&float(one.backward(prim(&g))), Default::default());
+    }
+
+    #[test]
+    fn a_model_with_a_blocked_embedding_gives_the_same_logits() {
+        let device = Default::default();
+        let config = Qwen2Config::with_shape(300, 16, 32, 1, 2, 1);
+        let model = Qwen2ForCausalLM::<Cpu>::random(config.clone(), 5, false, &device);
+        let mut blocked = Qwen2ForCausalLM::<Cpu>::random(config, 5, false, &device);
+        let data = blocked.model.embed_tokens.weight().into_data();
+        blocked.model.embed_tokens = Embedding::from_data(data, Some(64 * 16 * 4), &device);
+        assert!(blocked.model.embed_tokens.blocks.len() > 1);
+        assert!(matches!(blocked.head(), Head::Blocks(_)));
+        let ids = vec![vec![1u32, 70, 140, 299, 64, 128]];
+        let run = |m: &Qwen2ForCausalLM<Cpu>| {
+            crate::sequence_logprobs(m, &ids, &[vec![1; 6]], 1.0, &device)
+                .unwrap()
+                .into_data()
+        };
+        run(&blocked).assert_approx_eq::<f32>(&run(&model), Default::default());
     }
 }

@@ -63,7 +63,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
         std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         let mut tensors = vec![out_tensor(
             "model.embed_tokens.weight",
-            self.model.embed_tokens.weight.clone(),
+            self.model.embed_tokens.weight(),
             dtype,
         )?];
         tensors.push(out_tensor(

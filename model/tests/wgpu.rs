@@ -171,3 +171,52 @@ fn head_over_a_large_vocabulary_matches_the_cpu() {
         assert!(first_bad.is_none(), "m {m}: first logit that differs: {first_bad:?} of {}", cpu.len());
     }
 }
+
+/// A model whose f32 embedding table is larger than the adapter lets one buffer be (lavapipe:
+/// 128 MiB; a vocabulary of 151,936 × 256 is 155.6 MB) loads on wgpu with the table in row
+/// blocks and decodes as on the CPU: logits within [`CACHED_LOGIT_TOLERANCE`], same greedy
+/// tokens, with prompt ids from every block.
+#[test]
+fn embedding_larger_than_one_wgpu_buffer_is_held_in_blocks() {
+    use fathom_model::{KvCache, ModelBackend, Qwen2Config, prefill};
+
+    let (vocab, hidden) = (151_936, 256);
+    fn run<B: ModelBackend>(config: &Qwen2Config, forced: Option<&[u32]>) -> (Vec<Vec<f32>>, Vec<u32>, usize) {
+        let device = Default::default();
+        let model = Qwen2ForCausalLM::<B>::random(config.clone(), 3, true, &device);
+        let blocks = model.model.embed_tokens.blocks.len();
+        let mut cache: KvCache<B> = model.new_cache();
+        let row = cache.add_row();
+        let mut segment: Vec<u32> = vec![7, 21_000, 43_690, 65_536, 100_000, 151_935, 131_072, 12];
+        let (mut logits, mut tokens) = (Vec::new(), Vec::new());
+        for step in 0..4 {
+            let out: Vec<f32> = prefill(&model, &mut cache, &[(row, segment.as_slice())], &device)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            let next = match forced {
+                Some(f) => f[step],
+                None => argmax(&out) as u32,
+            };
+            tokens.push(next);
+            segment = vec![next];
+            logits.push(out);
+        }
+        (logits, tokens, blocks)
+    }
+    let config = Qwen2Config::with_shape(vocab, hidden, 512, 1, 4, 2);
+    let limit = Wgpu::max_buffer_bytes(&Default::default()).unwrap_or(usize::MAX);
+    let (cpu_logits, cpu_tokens, cpu_blocks) = run::<Cpu>(&config, None);
+    let (gpu_logits, gpu_tokens, gpu_blocks) = run::<Wgpu>(&config, Some(&cpu_tokens));
+    assert_eq!(cpu_blocks, 1);
+    let table = vocab * hidden * 4;
+    assert_eq!(gpu_blocks, table.div_ceil(limit / (hidden * 4) * hidden * 4).max(1), "limit {limit}");
+    eprintln!("wgpu buffer limit {limit} bytes: the {table}-byte table in {gpu_blocks} blocks");
+    for (step, (c, g)) in cpu_logits.iter().zip(&gpu_logits).enumerate() {
+        let diff = max_abs_diff(c, g);
+        assert!(diff <= CACHED_LOGIT_TOLERANCE, "step {step}: max |logit diff| {diff}");
+        assert_eq!(argmax(c), argmax(g), "step {step}");
+    }
+    assert_eq!(cpu_tokens, gpu_tokens);
+}

@@ -33,6 +33,10 @@ fn frozen_head<B: ModelBackend, C: CheckpointStrategy>(head: &Head<Ad<B, C>>) ->
     match head {
         Head::Dense(w) if !w.is_tracked() => Some(Head::Dense(w.primitive.clone())),
         Head::Dense(_) => None,
+        Head::Blocks(ws) if ws.iter().all(|w| !w.is_tracked()) => Some(Head::Blocks(
+            ws.iter().map(|w| w.primitive.clone()).collect(),
+        )),
+        Head::Blocks(_) => None,
         Head::Nf4 {
             codes,
             absmax,
@@ -130,6 +134,10 @@ impl<B: ModelBackend> Backward<B, 1> for TokenLogprobs {
 impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     const HOST: bool = B::HOST;
     const KEEPS_BF16: bool = B::KEEPS_BF16;
+
+    fn max_buffer_bytes(device: &Self::Device) -> Option<usize> {
+        B::max_buffer_bytes(device)
+    }
 
     fn nf4_dequantize(
         codes: IntTensor<Self>,

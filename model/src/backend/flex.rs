@@ -105,6 +105,7 @@ fn token_ids(targets: &IntTensor<Flex>, vocab: usize) -> Option<Vec<u32>> {
 fn head_rows(head: &Head<Flex>) -> usize {
     match head {
         Head::Dense(w) => w.shape()[0],
+        Head::Blocks(ws) => ws.iter().map(|w| w.shape()[0]).sum(),
         Head::Nf4 { rows, .. } => *rows,
     }
 }

@@ -20,6 +20,7 @@ pub mod reference;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
 /// How queries, keys and values are laid out in a packed attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +63,9 @@ pub type SequenceKv<B> = (FloatTensor<B>, FloatTensor<B>);
 pub enum Head<B: Backend> {
     /// A dense weight (f32, or bf16 on backends that keep it).
     Dense(FloatTensor<B>),
+    /// A dense weight held as consecutive row blocks (vocabulary ranges, in order), for
+    /// backends that bound the size of one buffer ([`ModelBackend::max_buffer_bytes`]).
+    Blocks(Vec<FloatTensor<B>>),
     /// A packed NF4 weight.
     Nf4 {
         /// Packed codes (`u32` words).
@@ -82,6 +86,12 @@ impl<B: ModelBackend> Head<B> {
     pub fn forward(&self, x: FloatTensor<B>) -> FloatTensor<B> {
         match self {
             Head::Dense(w) => B::dense_linear(x, w.clone()),
+            Head::Blocks(ws) => B::float_cat(
+                ws.iter()
+                    .map(|w| B::dense_linear(x.clone(), w.clone()))
+                    .collect(),
+                1,
+            ),
             Head::Nf4 {
                 codes,
                 absmax,
@@ -103,6 +113,27 @@ impl<B: ModelBackend> Head<B> {
     pub fn backward(&self, g: FloatTensor<B>) -> FloatTensor<B> {
         match self {
             Head::Dense(w) => B::dense_linear_transposed(g, w.clone()),
+            Head::Blocks(ws) => {
+                let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
+                let m = g.dims()[0];
+                let mut start = 0;
+                let mut sum: Option<Tensor<B, 2>> = None;
+                for w in ws {
+                    let rows = w.shape()[0];
+                    let part = g.clone().slice([0..m, start..start + rows]);
+                    let x = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(
+                        B::dense_linear_transposed(part.into_primitive().tensor(), w.clone()),
+                    ));
+                    sum = Some(match sum {
+                        Some(s) => s + x,
+                        None => x,
+                    });
+                    start += rows;
+                }
+                sum.expect("a blocked head has at least one block")
+                    .into_primitive()
+                    .tensor()
+            }
             Head::Nf4 {
                 codes,
                 absmax,
@@ -130,6 +161,14 @@ pub trait ModelBackend: Backend {
     /// Whether the backend multiplies by bf16 weights without converting them whole (the
     /// embedding table then stays bf16 in memory; otherwise it is widened to f32 at load).
     const KEEPS_BF16: bool = false;
+
+    /// The largest tensor, in bytes, one buffer on `device` may hold; `None` where the model
+    /// need not care. wgpu adapters bound it (a storage buffer binding: 128 MiB on Mesa's
+    /// lavapipe and on WebGPU's minimum), so the embedding table of a large vocabulary is held
+    /// in row blocks below it ([`crate::qwen2::Embedding`]).
+    fn max_buffer_bytes(_device: &Self::Device) -> Option<usize> {
+        None
+    }
 
     /// Dequantizes packed codes (`u32` words) with one f32 `absmax` per 64-element block and the
     /// 16-entry code `table` into a `[rows, cols]` float tensor (`table[code] * absmax`).

@@ -45,6 +45,13 @@ pub fn nf4_dequantize_kernel<F: Float>(
 impl<R: CubeRuntime, F: FloatElement, I: IntElement, BT: BoolElement> ModelBackend
     for CubeBackend<R, F, I, BT>
 {
+    /// CubeCL's largest page: the adapter's storage-buffer binding limit on wgpu, a quarter of
+    /// the device memory on CUDA.
+    fn max_buffer_bytes(device: &Self::Device) -> Option<usize> {
+        let bytes = R::client(device).properties().memory.max_page_size;
+        Some(usize::try_from(bytes).unwrap_or(usize::MAX))
+    }
+
     fn nf4_dequantize(
         codes: IntTensor<Self>,
         absmax: FloatTensor<Self>,
