@@ -220,3 +220,34 @@ fn embedding_larger_than_one_wgpu_buffer_is_held_in_blocks() {
     }
     assert_eq!(cpu_tokens, gpu_tokens);
 }
+
+/// Regression: chunked log-probabilities, entropies and their hidden-state gradient over an odd
+/// vocabulary wider than 65,535 (the row reductions' failure case on wgpu) agree with the CPU.
+#[test]
+fn token_logprobs_over_an_odd_large_vocabulary_match_the_cpu() {
+    use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
+    use fathom_model::ModelBackend;
+    use fathom_model::backend::Head;
+
+    fn run<B: ModelBackend>(rows: usize, cols: usize, m: usize) -> (Vec<f32>, Vec<f32>) {
+        let device = Default::default();
+        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+        let t: Vec<i64> = (0..m).map(|i| ((i * 40_009 + 3) % rows) as i64).collect();
+        let g: Vec<f32> = (0..m * 2).map(|i| 0.5 - (i % 3) as f32 * 0.25).collect();
+        let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
+        let head = Head::<B>::Dense(w.into_primitive().tensor());
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device).into_primitive().tensor();
+        let t = Tensor::<B, 1, Int>::from_data(TensorData::new(t, [m]), &device).into_primitive();
+        let g = Tensor::<B, 2>::from_data(TensorData::new(g, [m, 2]), &device).into_primitive().tensor();
+        let read = |p| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(p)).into_data().to_vec::<f32>().unwrap();
+        let out = B::token_logprobs(x.clone(), &head, t.clone(), 0.7, 2);
+        let grad = B::token_logprobs_backward(x, &head, t, 0.7, 2, g);
+        (read(out), read(grad))
+    }
+    let (cpu, cpu_grad) = run::<Cpu>(70_001, 16, 3);
+    let (gpu, gpu_grad) = run::<Wgpu>(70_001, 16, 3);
+    assert!(cpu.iter().all(|v| v.is_finite()) && gpu.iter().all(|v| v.is_finite()), "{cpu:?} {gpu:?}");
+    let (d, dg) = (max_abs_diff(&cpu, &gpu), max_abs_diff(&cpu_grad, &gpu_grad));
+    assert!(d < 1e-3 && dg < 1e-3, "log-probs/entropies differ by {d}, gradients by {dg}: {cpu:?} vs {gpu:?}");
+}

@@ -101,15 +101,6 @@ fn token_ids(targets: &IntTensor<Flex>, vocab: usize) -> Option<Vec<u32>> {
         .collect()
 }
 
-/// The output rows (vocabulary size) of a head.
-fn head_rows(head: &Head<Flex>) -> usize {
-    match head {
-        Head::Dense(w) => w.shape()[0],
-        Head::Blocks(ws) => ws.iter().map(|w| w.shape()[0]).sum(),
-        Head::Nf4 { rows, .. } => *rows,
-    }
-}
-
 fn flex_float(values: Vec<f32>, shape: [usize; 2]) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
@@ -381,7 +372,7 @@ impl ModelBackend for Flex {
         temperature: f64,
         chunk: usize,
     ) -> FloatTensor<Self> {
-        let ids = token_ids(&targets, head_rows(head));
+        let ids = token_ids(&targets, head.rows());
         let (Some(ids), DType::F32) = (ids, hidden.dtype()) else {
             return reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk);
         };
@@ -405,7 +396,7 @@ impl ModelBackend for Flex {
         chunk: usize,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let vocab = head_rows(head);
+        let vocab = head.rows();
         let ids = token_ids(&targets, vocab);
         let (Some(ids), DType::F32, DType::F32) = (ids, hidden.dtype(), grad.dtype()) else {
             return reference::token_logprobs_backward::<Self>(

@@ -82,6 +82,15 @@ pub enum Head<B: Backend> {
 }
 
 impl<B: ModelBackend> Head<B> {
+    /// The vocabulary size (output rows).
+    pub fn rows(&self) -> usize {
+        match self {
+            Head::Dense(w) => w.shape()[0],
+            Head::Blocks(ws) => ws.iter().map(|w| w.shape()[0]).sum(),
+            Head::Nf4 { rows, .. } => *rows,
+        }
+    }
+
     /// `x · Wᵀ` for `x` `[m, hidden]`; returns `[m, vocab]`.
     pub fn forward(&self, x: FloatTensor<B>) -> FloatTensor<B> {
         match self {

@@ -351,8 +351,22 @@ fn chunk_logits<B: ModelBackend>(
     temperature: f64,
 ) -> Tensor<B, 2> {
     let h = hidden.clone().narrow(0, start, len);
-    float::<B, 2>(head.forward(prim(h))).div_scalar(temperature)
+    let z = float::<B, 2>(head.forward(prim(h))).div_scalar(temperature);
+    // Padded to a multiple of 4 columns with a logit no reduction can pick and whose
+    // probability is 0 (finite, so `p · z` stays 0): burn 0.21's row reductions on wgpu drop
+    // elements of rows longer than 65,535 that are not a multiple of 4 (see
+    // `crate::sample`'s `pad_row`). Callers slice gradients back to the vocabulary.
+    let [rows, vocab] = z.dims();
+    let pad = vocab.next_multiple_of(4) - vocab;
+    if pad == 0 {
+        return z;
+    }
+    let fill = Tensor::<B, 2>::full([rows, pad], PAD_LOGIT, &z.device());
+    Tensor::cat(vec![z, fill], 1)
 }
+
+/// The logit of [`chunk_logits`]' padding columns: `exp(PAD_LOGIT − max)` is 0 in f32.
+const PAD_LOGIT: f32 = -1e30;
 
 /// [`ModelBackend::token_logprobs`](super::ModelBackend::token_logprobs) from tensor operations.
 pub fn token_logprobs<B: ModelBackend>(
@@ -414,6 +428,12 @@ pub fn token_logprobs_backward<B: ModelBackend>(
         // d logp / dz = onehot - p;  d entropy / dz = -p (z - E_p[z])
         let dz = probs.clone() * g_logp.clone().neg() - probs * (z - mean) * g_entropy;
         let dz = dz.scatter(1, t, g_logp, IndexingUpdateOp::Add);
+        let vocab = head.rows();
+        let dz = if dz.dims()[1] == vocab {
+            dz
+        } else {
+            dz.narrow(1, 0, vocab)
+        };
         parts.push(float::<B, 2>(head.backward(prim(dz.div_scalar(temperature)))));
         start += len;
     }
