@@ -123,10 +123,32 @@ where
 {
     let (base, tokenizer, name) = load_base::<B>(plan, default_base, device)?;
     let model = match &plan.model.tuning {
-        Tuning::Lora(settings) => {
-            let mut rng = fathom_model::lora::init_rng(plan.seeds.model);
-            base.attach_lora(settings, &mut rng, device)
-        }
+        Tuning::Lora(settings) => match &plan.model.adapter {
+            None => {
+                let mut rng = fathom_model::lora::init_rng(plan.seeds.model);
+                base.attach_lora(settings, &mut rng, device)
+            }
+            Some(dir) => {
+                let model = base.load_adapter(dir, device)?;
+                let wanted: std::collections::BTreeSet<_> =
+                    settings.targets.iter().copied().collect();
+                let found = model.lora_targets();
+                let ranks: std::collections::BTreeSet<usize> = model
+                    .projections()
+                    .into_iter()
+                    .filter_map(|(_, p)| p.lora.as_ref().map(|l| l.rank()))
+                    .collect();
+                if found != wanted || ranks.iter().any(|&r| r != settings.rank) {
+                    return Err(PolicyError::Unsupported(format!(
+                        "model.adapter {}: it adapts {found:?} with rank {ranks:?}, but the \
+                         recipe's model.tuning asks for {wanted:?} with rank {}",
+                        dir.display(),
+                        settings.rank
+                    )));
+                }
+                model
+            }
+        },
         Tuning::Full => {
             return Err(PolicyError::Unsupported(
                 "full fine-tuning (model.tuning: Full) is not supported yet: the base weights \

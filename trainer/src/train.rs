@@ -95,7 +95,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
 /// Which evaluations a run makes (all on the held-out tasks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Evaluations {
-    /// The base model, before any training.
+    /// The model before any training: the base, or the base with `model.adapter` (labelled
+    /// `start`).
     pub base: bool,
     /// After the SFT warm-start.
     pub sft: bool,
@@ -125,7 +126,7 @@ pub struct RunOptions {
 /// One evaluation of a run.
 #[derive(Clone, Debug)]
 pub struct StageEval {
-    /// `base`, `sft` or `grpo`.
+    /// `base` (or `start` with a starting adapter), `sft` or `grpo`.
     pub label: String,
     /// The scores.
     pub report: EvalReport,
@@ -222,7 +223,9 @@ pub fn run<B: ModelBackend>(
         MetricsLog::resume(&metrics_path, stage, step)?
     });
     if fresh && opts.evaluations.base {
-        summary.evals.push(run.evaluate("base", &model, &heldout)?);
+        // With a starting adapter (`model.adapter`) the first evaluation is of that adapter.
+        let label = if plan.model.adapter.is_some() { "start" } else { "base" };
+        summary.evals.push(run.evaluate(label, &model, &heldout)?);
     }
 
     // Stage 1: SFT warm-start.

@@ -123,6 +123,11 @@ pub struct ModelSection {
     pub quantization: Quantization,
     /// What is trained.
     pub tuning: Tuning,
+    /// Start from this PEFT adapter directory instead of a fresh adapter (with
+    /// `tuning: Lora`, whose rank and targets it must have): for example GRPO from an earlier
+    /// run's SFT adapter. Optional; a fresh adapter when absent.
+    #[serde(default)]
+    pub adapter: Option<std::path::PathBuf>,
 }
 
 impl ModelSection {
@@ -151,6 +156,17 @@ impl ModelSection {
                     .map_err(|m| ("model.source.shape".to_string(), m))?;
             }
             _ => {}
+        }
+        if let Some(dir) = &self.adapter {
+            if !matches!(self.tuning, Tuning::Lora(_)) {
+                return Err((
+                    "model.adapter".into(),
+                    "needs `tuning: Lora(...)`: an adapter is a LoRA adapter".into(),
+                ));
+            }
+            if dir.as_os_str().is_empty() {
+                return Err(("model.adapter".into(), "is empty".into()));
+            }
         }
         match &self.tuning {
             Tuning::Lora(lora) => lora.validate().map_err(|message| {
