@@ -66,10 +66,84 @@ fn sft_on_expert_traces_learns() {
     assert!(log.iter().any(|m| m.stage == Stage::Grpo && m.loss.is_finite()));
 }
 
+/// Paired standard errors the GRPO gain must exceed.
+const GAIN_IN_STANDARD_ERRORS: f64 = 3.0;
+
+/// The least mean gain in held-out reward GRPO must make.
+const MIN_GAIN: f64 = 0.02;
+
+/// `recipes/tiny-grpo.ron`: GRPO through the multi-turn environment from the committed SFT
+/// adapter (`fixtures/tiny-sft-needle`), on needle tasks. The held-out reward (greedy, the same
+/// tasks before and after) must rise by at least [`MIN_GAIN`] and by more than
+/// [`GAIN_IN_STANDARD_ERRORS`] standard errors of the per-task paired difference: the
+/// evaluation's noise for this seed.
+fn grpo_raises_the_held_out_reward_of_the_sft_adapter() {
+    let plan = Plan::load(Path::new("recipes/tiny-grpo.ron")).expect("recipes/tiny-grpo.ron loads");
+    let out = tempfile::tempdir().unwrap();
+    let options = RunOptions {
+        out: out.path().to_path_buf(),
+        resume: false,
+        default_base: None,
+        worker: WorkerCommand::CurrentExe,
+        progress: false,
+        evaluations: Evaluations {
+            base: true,
+            sft: false,
+            grpo: true,
+        },
+        stop_after: None,
+    };
+    let summary = run::<fathom_model::Cpu>(&plan, &options, &Default::default()).unwrap();
+    assert_eq!(summary.grpo_steps, plan.grpo.steps as u64);
+    let [before, after] = [&summary.evals[0], &summary.evals[1]];
+    assert_eq!((before.label.as_str(), after.label.as_str()), ("start", "grpo"));
+    let pairs: Vec<(f64, f64)> = before
+        .report
+        .episodes
+        .iter()
+        .zip(&after.report.episodes)
+        .map(|(b, a)| {
+            assert_eq!(b.task_id, a.task_id);
+            (b.reward, a.reward)
+        })
+        .collect();
+    let n = pairs.len() as f64;
+    let diffs: Vec<f64> = pairs.iter().map(|(b, a)| a - b).collect();
+    let mean = diffs.iter().sum::<f64>() / n;
+    let var = diffs.iter().map(|d| (d - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    let se = (var / n).sqrt();
+    let (b, a) = (&before.report.overall, &after.report.overall);
+    println!(
+        "held-out reward {:.3} → {:.3} (gain {mean:.3} ± {se:.3} SE over {n} tasks); format \
+         gate {:.2} → {:.2}, accuracy {:.2} → {:.2}, tool tokens {:.0} → {:.0}",
+        b.reward,
+        a.reward,
+        b.components.get("format_gate").copied().unwrap_or(f64::NAN),
+        a.components.get("format_gate").copied().unwrap_or(f64::NAN),
+        b.accuracy,
+        a.accuracy,
+        b.tool_tokens,
+        a.tool_tokens,
+    );
+    assert!(
+        mean >= MIN_GAIN && mean > GAIN_IN_STANDARD_ERRORS * se,
+        "GRPO did not raise the held-out reward beyond its noise: {:.3} → {:.3}, gain {mean:.3} \
+         ± {se:.3}",
+        b.reward,
+        a.reward
+    );
+}
+
 fn main() {
     fathom_env::sandbox::run_worker_if_requested();
     // Recipe paths are relative to the repository root, as `cargo xtask` runs there.
     std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
-    let tests: [(&str, fn()); 1] = [("sft_on_expert_traces_learns", sft_on_expert_traces_learns)];
+    let tests: [(&str, fn()); 2] = [
+        ("sft_on_expert_traces_learns", sft_on_expert_traces_learns),
+        (
+            "grpo_raises_the_held_out_reward_of_the_sft_adapter",
+            grpo_raises_the_held_out_reward_of_the_sft_adapter,
+        ),
+    ];
     common::run_tests(&tests);
 }
