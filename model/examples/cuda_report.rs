@@ -11,13 +11,14 @@
 
 use std::path::{Path, PathBuf};
 
-use fathom_model::bench::{Protocol, TrainStepBench, forward_pass, nf4_matmul, throughput, train_step};
+use fathom_model::bench::{
+    Protocol, TrainStepBench, forward_pass, nf4_matmul, throughput, train_step,
+};
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::linear::Nf4Weight;
 use fathom_model::save::SaveDtype;
 use fathom_model::{
-    Cpu, Cuda, GenerateConfig, LoadOptions, ModelType, Qwen2Config, Qwen2ForCausalLM,
-    generate,
+    Cpu, Cuda, GenerateConfig, LoadOptions, ModelType, Qwen2Config, Qwen2ForCausalLM, generate,
 };
 use serde_json::json;
 

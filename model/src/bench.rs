@@ -12,9 +12,9 @@ use burn::tensor::{
 };
 use serde_json::{Value, json};
 
+use crate::backend::ModelBackend;
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, Nf4Weight};
-use crate::backend::ModelBackend;
 use crate::{GenerateConfig, Qwen2Config, Qwen2ForCausalLM, generate};
 
 /// The peers' throughput protocol (`hf_bench.py`, `candle-bench`).
@@ -210,7 +210,9 @@ pub fn train_step<B: ModelBackend>(
 
     type Ad<B> = Autodiff<B>;
     if bench.tokens < 2 || bench.steps == 0 {
-        return Err(ModelError::Input("need at least two tokens and one step".into()));
+        return Err(ModelError::Input(
+            "need at least two tokens and one step".into(),
+        ));
     }
     let t0 = Instant::now();
     let settings = crate::LoraSettings::reference();
@@ -233,7 +235,12 @@ pub fn train_step<B: ModelBackend>(
         })?;
         model = optim.step(1e-5, model, out.grads);
         // The update is lazy on some backends: read a value back before stopping the clock.
-        let lora = model.model.layers[0].self_attn.q_proj.lora.as_ref().expect("adapter");
+        let lora = model.model.layers[0]
+            .self_attn
+            .q_proj
+            .lora
+            .as_ref()
+            .expect("adapter");
         let _ = read_scalar(lora.lora_b.val().inner().sum());
         if salt > 0 {
             times.push(t.elapsed().as_secs_f64());

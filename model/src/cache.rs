@@ -128,9 +128,7 @@ impl<B: Backend> KvCache<B> {
         self.rows
             .iter()
             .flat_map(|r| r.layers.iter().flatten())
-            .map(|(k, v)| {
-                (k.shape().num_elements() + v.shape().num_elements()) * k.dtype().size()
-            })
+            .map(|(k, v)| (k.shape().num_elements() + v.shape().num_elements()) * k.dtype().size())
             .sum()
     }
 
@@ -142,12 +140,15 @@ impl<B: Backend> KvCache<B> {
             ))
         })
     }
-
 }
 
 /// Writes `values` `[kv_heads, n, head_dim]` at position `start` of `buffer`
 /// `[kv_heads, capacity, head_dim]`, in place where the backend can.
-fn write<B: ModelBackend>(buffer: Tensor<B, 3>, start: usize, values: Tensor<B, 3>) -> Tensor<B, 3> {
+fn write<B: ModelBackend>(
+    buffer: Tensor<B, 3>,
+    start: usize,
+    values: Tensor<B, 3>,
+) -> Tensor<B, 3> {
     Tensor::from_primitive(TensorPrimitive::Float(B::kv_write(
         buffer.into_primitive().tensor(),
         start,

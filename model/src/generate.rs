@@ -100,7 +100,10 @@ pub fn last_positions<B: Backend>(
     let index: Vec<i64> = spans.iter().map(|s| (s.start + s.len - 1) as i64).collect();
     let n = index.len();
     let device = hidden.device();
-    hidden.select(0, Tensor::<B, 1, Int>::from_data(TensorData::new(index, [n]), &device))
+    hidden.select(
+        0,
+        Tensor::<B, 1, Int>::from_data(TensorData::new(index, [n]), &device),
+    )
 }
 
 /// Generates continuations of `prompts` (token ids, any lengths).
@@ -130,14 +133,25 @@ pub fn generate<B: ModelBackend>(
     if config.max_new_tokens == 0 {
         return Ok(out);
     }
-    let mut rngs: Vec<StdRng> = (0..n).map(|i| sequence_rng(config.seed, i as u64)).collect();
-    let max_stop = config.stop_strings.iter().map(String::len).max().unwrap_or(0);
+    let mut rngs: Vec<StdRng> = (0..n)
+        .map(|i| sequence_rng(config.seed, i as u64))
+        .collect();
+    let max_stop = config
+        .stop_strings
+        .iter()
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
     let mut cache = model.new_cache();
     cache.add_rows(n);
     let mut seqs: Vec<Vec<u32>> = prompts.to_vec();
     let mut active: Vec<usize> = (0..n).collect();
     // First step: every prompt whole.
-    let segments: Vec<(usize, &[u32])> = prompts.iter().enumerate().map(|(i, p)| (i, p.as_slice())).collect();
+    let segments: Vec<(usize, &[u32])> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i, p.as_slice()))
+        .collect();
     let mut logits = if config.use_cache {
         prefill(model, &mut cache, &segments, device)?
     } else {
@@ -169,9 +183,15 @@ pub fn generate<B: ModelBackend>(
         }
         active = still;
         logits = if config.use_cache {
-            let last: Vec<[u32; 1]> = active.iter().map(|&r| [*seqs[r].last().expect("token")]).collect();
-            let segments: Vec<(usize, &[u32])> =
-                active.iter().zip(&last).map(|(&r, t)| (r, t.as_slice())).collect();
+            let last: Vec<[u32; 1]> = active
+                .iter()
+                .map(|&r| [*seqs[r].last().expect("token")])
+                .collect();
+            let segments: Vec<(usize, &[u32])> = active
+                .iter()
+                .zip(&last)
+                .map(|(&r, t)| (r, t.as_slice()))
+                .collect();
             prefill(model, &mut cache, &segments, device)?
         } else {
             uncached_logits(model, &seqs, &active, device)?

@@ -39,7 +39,9 @@ impl<B: Backend> RotaryEmbedding<B> {
     pub fn new(config: &Qwen2Config, device: &B::Device) -> Self {
         let d = config.head_dim();
         let half = d / 2;
-        let positions = config.max_position_embeddings.clamp(1, MAX_ROTARY_POSITIONS);
+        let positions = config
+            .max_position_embeddings
+            .clamp(1, MAX_ROTARY_POSITIONS);
         let base = config.rope_base() as f32;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| 1.0 / base.powf((2 * i) as f32 / d as f32))
@@ -132,7 +134,9 @@ impl<B: Backend> StepInput<B> {
         device: &B::Device,
     ) -> Result<Self> {
         if segments.is_empty() {
-            return Err(ModelError::Input("a step needs at least one sequence".into()));
+            return Err(ModelError::Input(
+                "a step needs at least one sequence".into(),
+            ));
         }
         let mut ids = Vec::new();
         let mut positions = Vec::new();
@@ -163,7 +167,9 @@ impl<B: Backend> StepInput<B> {
             positions.extend((seg.past..end).map(|p| p as i64));
         }
         let past = segments.iter().map(|s| s.past).collect();
-        Ok(Self::build(config, rotary, ids, positions, spans, past, device))
+        Ok(Self::build(
+            config, rotary, ids, positions, spans, past, device,
+        ))
     }
 
     /// Packs a left-padded batch: `ids` `[batch][seq]` with `mask` `[batch][seq]` (1 = token),

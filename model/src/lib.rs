@@ -42,20 +42,20 @@ pub mod save;
 pub mod tokenizer;
 pub mod train;
 
+pub use backend::ModelBackend;
 pub use cache::KvCache;
 pub use config::{ModelType, Qwen2Config};
 pub use error::{ModelError, Result};
-pub use backend::ModelBackend;
 pub use generate::{GenerateConfig, Generated, generate, prefill};
 pub use inputs::StepInput;
-pub use logprobs::{SequenceLogprobs, packed_logprobs, sequence_logprobs};
-pub use sample::{Sampling, sample, sequence_rng};
-pub use train::{TrainPass, forward_backward};
 pub use linear::Linear;
 pub use load::{LoadOptions, RandomInit};
+pub use logprobs::{SequenceLogprobs, packed_logprobs, sequence_logprobs};
 pub use lora::{LoraSettings, Target};
 pub use qwen2::Qwen2ForCausalLM;
+pub use sample::{Sampling, sample, sequence_rng};
 pub use tokenizer::{ChatMessage, ChatRole, Tokenizer};
+pub use train::{TrainPass, forward_backward};
 
 /// The default CPU backend: burn's Flex (the fastest CPU backend of burn 0.21 on this model;
 /// see `docs/benchmarks.md`).

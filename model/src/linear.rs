@@ -9,9 +9,9 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
+use crate::backend::ModelBackend;
 use crate::lora::Lora;
 use crate::nf4::format::{BLOCK, NF4_CODE, quantize_nf4};
-use crate::backend::ModelBackend;
 use crate::nf4::{codes_bytes, codes_tensor};
 
 /// An NF4-quantized `[rows, cols]` weight kept packed on the device.

@@ -15,9 +15,9 @@ use crate::backend::ModelBackend;
 use crate::checkpoint::Checkpoint;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
+use crate::inputs::RotaryEmbedding;
 use crate::linear::{BaseWeight, Linear, Nf4Weight};
 use crate::nf4::format::{BLOCK, NF4_CODE, dequantize_absmax};
-use crate::inputs::RotaryEmbedding;
 use crate::qwen2::{
     Attention, DecoderLayer, Embedding, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
 };
@@ -274,11 +274,19 @@ fn embedding_table<B: ModelBackend>(
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]))
             .collect();
         let data = TensorData::new(values, shape);
-        return Ok(Embedding::from_data(data, B::max_buffer_bytes(device), device));
+        return Ok(Embedding::from_data(
+            data,
+            B::max_buffer_bytes(device),
+            device,
+        ));
     }
     let values = crate::checkpoint::to_f32(name, raw.dtype, raw.data)?;
     let data = TensorData::new(values, shape);
-    Ok(Embedding::from_data(data, B::max_buffer_bytes(device), device))
+    Ok(Embedding::from_data(
+        data,
+        B::max_buffer_bytes(device),
+        device,
+    ))
 }
 
 fn build<B: ModelBackend>(
@@ -327,11 +335,18 @@ fn build<B: ModelBackend>(
     // bf16 where the backend multiplies by it directly, so random models agree across
     // backends. Drawn a block of rows at a time, so no f32 copy of it ever exists.
     let embed = {
-        let (vocab, mut rows) = (config.vocab_size, Vec::with_capacity(config.vocab_size * hidden));
+        let (vocab, mut rows) = (
+            config.vocab_size,
+            Vec::with_capacity(config.vocab_size * hidden),
+        );
         let mut done = 0;
         while done < vocab {
             let n = 4096.min(vocab - done);
-            rows.extend(draw(n * hidden, Init::Embedding).into_iter().map(half::bf16::from_f32));
+            rows.extend(
+                draw(n * hidden, Init::Embedding)
+                    .into_iter()
+                    .map(half::bf16::from_f32),
+            );
             done += n;
         }
         let data = TensorData::new(rows, [vocab, hidden]);

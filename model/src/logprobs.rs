@@ -52,7 +52,8 @@ pub(crate) fn targets(seqs: &[&[u32]]) -> Result<Targets> {
                 seq.len()
             )));
         }
-        out.rows.extend((start..start + seq.len() - 1).map(|r| r as i64));
+        out.rows
+            .extend((start..start + seq.len() - 1).map(|r| r as i64));
         out.tokens.extend(seq[1..].iter().map(|&t| t as i64));
         out.offsets.push(out.rows.len());
         start += seq.len();
@@ -125,15 +126,27 @@ pub fn sequence_logprobs<B: ModelBackend>(
         ));
     }
     if mask.len() != ids.len() || mask.iter().any(|m| m.len() != seq) {
-        return Err(ModelError::Input("the mask must match the ids' shape".into()));
+        return Err(ModelError::Input(
+            "the mask must match the ids' shape".into(),
+        ));
     }
     // The real tokens of each row, and where each of their predictions goes in the output.
     let rows: Vec<Vec<u32>> = ids
         .iter()
         .zip(mask)
-        .map(|(r, m)| r.iter().zip(m).filter(|(_, m)| **m != 0).map(|(&t, _)| t).collect())
+        .map(|(r, m)| {
+            r.iter()
+                .zip(m)
+                .filter(|(_, m)| **m != 0)
+                .map(|(&t, _)| t)
+                .collect()
+        })
         .collect();
-    let kept: Vec<&[u32]> = rows.iter().filter(|r| r.len() >= 2).map(Vec::as_slice).collect();
+    let kept: Vec<&[u32]> = rows
+        .iter()
+        .filter(|r| r.len() >= 2)
+        .map(Vec::as_slice)
+        .collect();
     let batch = ids.len();
     let mut gather = vec![-1i64; batch * (seq - 1)];
     let mut next = 0i64;
@@ -155,7 +168,13 @@ pub fn sequence_logprobs<B: ModelBackend>(
     let values = if kept.is_empty() {
         Tensor::<B, 1>::zeros([1], device)
     } else {
-        let out = packed_logprobs(model, &kept, temperature as f64, crate::qwen2::DEFAULT_LOGPROB_CHUNK, device)?;
+        let out = packed_logprobs(
+            model,
+            &kept,
+            temperature as f64,
+            crate::qwen2::DEFAULT_LOGPROB_CHUNK,
+            device,
+        )?;
         Tensor::cat(vec![out.logprobs, Tensor::zeros([1], device)], 0)
     };
     let index: Vec<i64> = gather

@@ -106,8 +106,7 @@ impl<B: Backend> Embedding<B> {
                 .greater_equal_elem(start)
                 .bool_and(ids.clone().lower_elem(start + n));
             let local = (ids.clone() - start).clamp(0, n - 1);
-            let rows = widen(block.clone().select(0, local))
-                * inside.float().unsqueeze_dim::<2>(1);
+            let rows = widen(block.clone().select(0, local)) * inside.float().unsqueeze_dim::<2>(1);
             sum = Some(match sum {
                 Some(s) => s + rows,
                 None => rows,

@@ -132,7 +132,11 @@ fn sample_on_device<B: ModelBackend>(
             let (best, index) = z.max_dim_with_indices(1);
             let logp = read_f32((best - lse).into_data())?;
             let index = read_i64(index.into_data())?;
-            Ok(index.into_iter().zip(logp).map(|(i, lp)| (i as u32, lp)).collect())
+            Ok(index
+                .into_iter()
+                .zip(logp)
+                .map(|(i, lp)| (i as u32, lp))
+                .collect())
         }
         Sampling::Sample { top_p, top_k, .. } if top_k == 0 && top_p >= 1.0 => {
             // Inverse CDF on the device: count the cumulative probabilities below each draw.
@@ -147,7 +151,11 @@ fn sample_on_device<B: ModelBackend>(
             let logp = z.gather(1, index.clone()) - lse;
             let logp = read_f32(logp.into_data())?;
             let index = read_i64(index.into_data())?;
-            Ok(index.into_iter().zip(logp).map(|(i, lp)| (i as u32, lp)).collect())
+            Ok(index
+                .into_iter()
+                .zip(logp)
+                .map(|(i, lp)| (i as u32, lp))
+                .collect())
         }
         Sampling::Sample { top_p, top_k, .. } => {
             let lse_host = read_f32(lse.into_data())?;
@@ -370,7 +378,10 @@ mod tests {
         };
         let picks: Vec<u32> = (0..200).map(|_| choose(&flat, wide, &mut rng).0).collect();
         assert!(picks.iter().all(|&t| t < 900));
-        assert!(picks.iter().any(|&t| t >= 64), "the nucleus grew past 64 candidates");
+        assert!(
+            picks.iter().any(|&t| t >= 64),
+            "the nucleus grew past 64 candidates"
+        );
     }
 
     #[test]

@@ -9,9 +9,9 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use safetensors::Dtype;
 
+use crate::backend::ModelBackend;
 use crate::checkpoint::{OutTensor, write_atomic, write_safetensors};
 use crate::error::{ModelError, Result};
-use crate::backend::ModelBackend;
 use crate::qwen2::Qwen2ForCausalLM;
 
 /// Floating-point dtype of a saved checkpoint.

@@ -90,7 +90,10 @@ where
     // Forward on the inner backend, keeping each layer's input.
     let inner = model.valid();
     let inner_input = inner.packed_input(seqs, device)?;
-    let mut x = inner.model.embed_tokens.forward(inner_input.input_ids.clone());
+    let mut x = inner
+        .model
+        .embed_tokens
+        .forward(inner_input.input_ids.clone());
     let mut saved = Vec::with_capacity(inner.model.layers.len());
     for (i, layer) in inner.model.layers.iter().enumerate() {
         saved.push(x.clone());
@@ -112,7 +115,8 @@ where
         let Some(g) = upstream.take() else {
             break; // nothing above depends on this layer
         };
-        let x = Tensor::<B, 2>::from_inner(saved.pop().expect("one input per layer")).require_grad();
+        let x =
+            Tensor::<B, 2>::from_inner(saved.pop().expect("one input per layer")).require_grad();
         let y = layer.forward(x.clone(), &input, i, None);
         let surrogate = (y * Tensor::<B, 2>::from_inner(g)).sum();
         let mut layer_grads = surrogate.backward();

@@ -9,8 +9,12 @@ use fathom_model::generate::last_positions;
 use fathom_model::{Cpu, LoadOptions, Qwen2ForCausalLM, prefill};
 
 fn model() -> Qwen2ForCausalLM<Cpu> {
-    Qwen2ForCausalLM::<Cpu>::load(&fixture("tiny-qwen2"), &Default::default(), LoadOptions::default())
-        .unwrap()
+    Qwen2ForCausalLM::<Cpu>::load(
+        &fixture("tiny-qwen2"),
+        &Default::default(),
+        LoadOptions::default(),
+    )
+    .unwrap()
 }
 
 /// Next-token logits of each whole sequence, computed from scratch.
@@ -18,7 +22,10 @@ fn fresh(model: &Qwen2ForCausalLM<Cpu>, seqs: &[Vec<u32>]) -> Vec<Vec<f32>> {
     let device = Default::default();
     let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
     let input = model.packed_input(&refs, &device).unwrap();
-    let logits = model.logits(last_positions(model.forward_hidden(&input, None), &input.spans));
+    let logits = model.logits(last_positions(
+        model.forward_hidden(&input, None),
+        &input.spans,
+    ));
     rows(logits)
 }
 
@@ -35,7 +42,11 @@ fn rows(t: burn::tensor::Tensor<Cpu, 2>) -> Vec<Vec<f32>> {
 fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (g, w) in got.iter().zip(want) {
-        let diff = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let diff = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
         assert!(diff < 1e-4, "{what}: max diff {diff}");
     }
 }

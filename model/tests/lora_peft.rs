@@ -165,7 +165,10 @@ fn adapter_for_a_different_base_shape_is_refused_as_such() {
         false,
         &device,
     );
-    let err = narrow.load_adapter(&adapter, &device).unwrap_err().to_string();
+    let err = narrow
+        .load_adapter(&adapter, &device)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("made for a different base shape"), "{err}");
     assert!(err.contains("hidden size 32"), "{err}");
     assert!(err.contains("tiny-qwen2-lora"), "the adapter's path: {err}");
@@ -176,7 +179,10 @@ fn adapter_for_a_different_base_shape_is_refused_as_such() {
         false,
         &device,
     );
-    let err = shallow.load_adapter(&adapter, &device).unwrap_err().to_string();
+    let err = shallow
+        .load_adapter(&adapter, &device)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("made for a different base shape"), "{err}");
     assert!(err.contains("layers.1."), "names the tensor: {err}");
     assert!(err.contains("1 layers"), "{err}");

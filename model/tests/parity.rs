@@ -45,4 +45,3 @@ fn nf4_double_quant_logits_match_bitsandbytes() {
 fn nf4_plain_logits_match_bitsandbytes() {
     check_logits("tiny-qwen2-nf4-plain");
 }
-

@@ -35,7 +35,10 @@ fn values<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) ->
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn seeded(shape: [usize; 2], seed: u64) -> Tensor<Ad, 2> {
@@ -65,7 +68,9 @@ fn nf4_op_gradient_equals_dequantize_then_matmul() {
         rows,
         cols,
     ));
-    let g_op = x.grad(&(y_op.clone() * r.clone()).sum().backward()).unwrap();
+    let g_op = x
+        .grad(&(y_op.clone() * r.clone()).sum().backward())
+        .unwrap();
     let x2 = seeded([m, cols], 5).require_grad();
     let y_ref = x2.clone().matmul(dense.transpose());
     let g_ref = x2.grad(&(y_ref.clone() * r).sum().backward()).unwrap();
@@ -115,7 +120,10 @@ fn naive_attention(q: &[f32], k: &[f32], v: &[f32], spans: &[Span], h: Heads) ->
                 let scores: Vec<f64> = (0..=t)
                     .map(|j| {
                         let krow = &k[(s.start + j) * hk + g * d..][..d];
-                        qrow.iter().zip(krow).map(|(a, b)| (a * b) as f64).sum::<f64>()
+                        qrow.iter()
+                            .zip(krow)
+                            .map(|(a, b)| (a * b) as f64)
+                            .sum::<f64>()
                             * h.scale()
                     })
                     .collect();
@@ -179,7 +187,14 @@ fn packed_attention_matches_naive_and_its_backward_matches_autodiff() {
             v.clone().require_grad(),
         );
         let out = if custom {
-            Ad::packed_attention(prim(q.clone()), prim(k.clone()), prim(v.clone()), &spans, heads).0
+            Ad::packed_attention(
+                prim(q.clone()),
+                prim(k.clone()),
+                prim(v.clone()),
+                &spans,
+                heads,
+            )
+            .0
         } else {
             reference::packed_attention::<Ad>(
                 prim(q.clone()),
@@ -219,7 +234,10 @@ fn packed_attention_matches_naive_and_its_backward_matches_autodiff() {
             heads,
             budget,
         );
-        for (name, (got, want)) in ["q", "k", "v"].iter().zip([dq, dk, dv].into_iter().zip(&plain)) {
+        for (name, (got, want)) in ["q", "k", "v"]
+            .iter()
+            .zip([dq, dk, dv].into_iter().zip(&plain))
+        {
             let diff = max_diff(&values(float::<Cpu, 2>(got)), want);
             assert!(diff < 1e-5, "budget {budget}, d{name}: {diff}");
         }
@@ -405,7 +423,10 @@ fn weighted(out: &fathom_model::SequenceLogprobs<Ad>) -> (Tensor<Ad, 1>, ()) {
     let n = out.logprobs.dims()[0];
     let w: Vec<f32> = (0..n).map(|i| 1.0 + (i % 3) as f32).collect();
     let w = Tensor::<Ad, 1>::from_data(TensorData::new(w, [n]), &Default::default());
-    ((out.logprobs.clone() * w).sum() + out.entropy.clone().sum().mul_scalar(0.1), ())
+    (
+        (out.logprobs.clone() * w).sum() + out.entropy.clone().sum().mul_scalar(0.1),
+        (),
+    )
 }
 
 #[test]
@@ -415,7 +436,9 @@ fn chunked_logprobs_and_entropy_equal_the_unchunked_computation() {
         let model = lora_model(tied, nf4);
         // Unchunked: full logits, log_softmax, gather, entropy — plain burn operations.
         let input = model.packed_input(&SEQS, &device).unwrap();
-        let logits = model.logits(model.forward_hidden(&input, None)).div_scalar(0.7);
+        let logits = model
+            .logits(model.forward_hidden(&input, None))
+            .div_scalar(0.7);
         let logp_all = log_softmax(logits, 1);
         let mut rows = Vec::new();
         let mut targets = Vec::new();
@@ -430,7 +453,10 @@ fn chunked_logprobs_and_entropy_equal_the_unchunked_computation() {
         let picked = logp_all.select(0, rows);
         let t = Tensor::<Ad, 2, Int>::from_data(TensorData::new(targets, [m, 1]), &device);
         let logp = picked.clone().gather(1, t).reshape([m]);
-        let entropy = (picked.clone().exp() * picked).sum_dim(1).neg().reshape([m]);
+        let entropy = (picked.clone().exp() * picked)
+            .sum_dim(1)
+            .neg()
+            .reshape([m]);
         let plain = fathom_model::SequenceLogprobs {
             logprobs: logp,
             entropy,
@@ -441,12 +467,21 @@ fn chunked_logprobs_and_entropy_equal_the_unchunked_computation() {
         for chunk in [1, 4, 1000] {
             let out = packed_logprobs(&model, &SEQS, 0.7, chunk, &device).unwrap();
             assert_eq!(out.offsets, vec![0, 7, 9, 13]);
-            let lp_diff = max_diff(&values(out.logprobs.clone()), &values(plain.logprobs.clone()));
+            let lp_diff = max_diff(
+                &values(out.logprobs.clone()),
+                &values(plain.logprobs.clone()),
+            );
             let ent_diff = max_diff(&values(out.entropy.clone()), &values(plain.entropy.clone()));
-            assert!(lp_diff < 1e-5 && ent_diff < 1e-5, "chunk {chunk}: {lp_diff} {ent_diff}");
+            assert!(
+                lp_diff < 1e-5 && ent_diff < 1e-5,
+                "chunk {chunk}: {lp_diff} {ent_diff}"
+            );
             let (loss, _) = weighted(&out);
             let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
-            for (a, b) in lora_grads(&model, &grads).iter().zip(lora_grads(&model, &plain_grads)) {
+            for (a, b) in lora_grads(&model, &grads)
+                .iter()
+                .zip(lora_grads(&model, &plain_grads))
+            {
                 let diff = max_diff(a, &b);
                 assert!(diff < 1e-4, "tied {tied} nf4 {nf4} chunk {chunk}: {diff}");
             }
@@ -468,13 +503,24 @@ fn checkpointing_gives_the_ordinary_gradients() {
             forward_backward(&model, &SEQS, pass, &device, weighted).unwrap()
         };
         let (plain, ckpt) = (run(false), run(true));
-        assert!((plain.loss - ckpt.loss).abs() < 1e-4, "{} vs {}", plain.loss, ckpt.loss);
-        let (a, b) = (lora_grads(&model, &plain.grads), lora_grads(&model, &ckpt.grads));
+        assert!(
+            (plain.loss - ckpt.loss).abs() < 1e-4,
+            "{} vs {}",
+            plain.loss,
+            ckpt.loss
+        );
+        let (a, b) = (
+            lora_grads(&model, &plain.grads),
+            lora_grads(&model, &ckpt.grads),
+        );
         assert_eq!(a.len(), 2 * 7 * 2);
         for (x, y) in a.iter().zip(&b) {
             assert!(max_diff(x, y) < 1e-5, "nf4 {nf4}: {}", max_diff(x, y));
         }
-        assert!(a.iter().flatten().any(|g| g.abs() > 1e-4), "gradients are not all zero");
+        assert!(
+            a.iter().flatten().any(|g| g.abs() > 1e-4),
+            "gradients are not all zero"
+        );
     }
 }
 
@@ -488,8 +534,11 @@ fn checkpointing_refuses_lora_dropout() {
         rslora: false,
         targets: vec![Target::QProj],
     };
-    let model = Qwen2ForCausalLM::<Ad>::random(tiny_config(true), 1, false, &device)
-        .attach_lora(&settings, &mut init_rng(1), &device);
+    let model = Qwen2ForCausalLM::<Ad>::random(tiny_config(true), 1, false, &device).attach_lora(
+        &settings,
+        &mut init_rng(1),
+        &device,
+    );
     let pass = TrainPass {
         checkpointing: true,
         ..TrainPass::default()

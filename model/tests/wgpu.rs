@@ -61,7 +61,10 @@ fn nf4_model_on_wgpu_matches_bitsandbytes() {
 /// Largest |a − b| over two equally long slices.
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn argmax(v: &[f32]) -> usize {
@@ -97,8 +100,11 @@ fn cached_decoding_on_wgpu_matches_the_cpu() {
         let mut segments: Vec<Vec<u32>> = prompts.to_vec();
         let (mut logits, mut tokens) = (Vec::new(), vec![Vec::new(), Vec::new()]);
         for step in 0..steps {
-            let refs: Vec<(usize, &[u32])> =
-                rows.iter().zip(&segments).map(|(&r, s)| (r, s.as_slice())).collect();
+            let refs: Vec<(usize, &[u32])> = rows
+                .iter()
+                .zip(&segments)
+                .map(|(&r, s)| (r, s.as_slice()))
+                .collect();
             let out: Vec<f32> = prefill(&model, &mut cache, &refs, &device)
                 .unwrap()
                 .into_data()
@@ -151,8 +157,12 @@ fn head_over_a_large_vocabulary_matches_the_cpu() {
 
     fn head<B: ModelBackend>(rows: usize, cols: usize, m: usize) -> Vec<f32> {
         let device = Default::default();
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
-        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+            .collect();
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+            .collect();
         let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
         let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device);
         let y = B::dense_linear(x.into_primitive().tensor(), w.into_primitive().tensor());
@@ -164,11 +174,12 @@ fn head_over_a_large_vocabulary_matches_the_cpu() {
     for m in [1, 3] {
         let cpu = head::<Cpu>(151_936, 32, m);
         let gpu = head::<Wgpu>(151_936, 32, m);
-        let first_bad = cpu
-            .iter()
-            .zip(&gpu)
-            .position(|(a, b)| (a - b).abs() > 1e-4);
-        assert!(first_bad.is_none(), "m {m}: first logit that differs: {first_bad:?} of {}", cpu.len());
+        let first_bad = cpu.iter().zip(&gpu).position(|(a, b)| (a - b).abs() > 1e-4);
+        assert!(
+            first_bad.is_none(),
+            "m {m}: first logit that differs: {first_bad:?} of {}",
+            cpu.len()
+        );
     }
 }
 
@@ -181,7 +192,10 @@ fn embedding_larger_than_one_wgpu_buffer_is_held_in_blocks() {
     use fathom_model::{KvCache, ModelBackend, Qwen2Config, prefill};
 
     let (vocab, hidden) = (151_936, 256);
-    fn run<B: ModelBackend>(config: &Qwen2Config, forced: Option<&[u32]>) -> (Vec<Vec<f32>>, Vec<u32>, usize) {
+    fn run<B: ModelBackend>(
+        config: &Qwen2Config,
+        forced: Option<&[u32]>,
+    ) -> (Vec<Vec<f32>>, Vec<u32>, usize) {
         let device = Default::default();
         let model = Qwen2ForCausalLM::<B>::random(config.clone(), 3, true, &device);
         let blocks = model.model.embed_tokens.blocks.len();
@@ -211,11 +225,18 @@ fn embedding_larger_than_one_wgpu_buffer_is_held_in_blocks() {
     let (gpu_logits, gpu_tokens, gpu_blocks) = run::<Wgpu>(&config, Some(&cpu_tokens));
     assert_eq!(cpu_blocks, 1);
     let table = vocab * hidden * 4;
-    assert_eq!(gpu_blocks, table.div_ceil(limit / (hidden * 4) * hidden * 4).max(1), "limit {limit}");
+    assert_eq!(
+        gpu_blocks,
+        table.div_ceil(limit / (hidden * 4) * hidden * 4).max(1),
+        "limit {limit}"
+    );
     eprintln!("wgpu buffer limit {limit} bytes: the {table}-byte table in {gpu_blocks} blocks");
     for (step, (c, g)) in cpu_logits.iter().zip(&gpu_logits).enumerate() {
         let diff = max_abs_diff(c, g);
-        assert!(diff <= CACHED_LOGIT_TOLERANCE, "step {step}: max |logit diff| {diff}");
+        assert!(
+            diff <= CACHED_LOGIT_TOLERANCE,
+            "step {step}: max |logit diff| {diff}"
+        );
         assert_eq!(argmax(c), argmax(g), "step {step}");
     }
     assert_eq!(cpu_tokens, gpu_tokens);
@@ -231,23 +252,42 @@ fn token_logprobs_over_an_odd_large_vocabulary_match_the_cpu() {
 
     fn run<B: ModelBackend>(rows: usize, cols: usize, m: usize) -> (Vec<f32>, Vec<f32>) {
         let device = Default::default();
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
-        let x: Vec<f32> = (0..m * cols).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+            .collect();
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+            .collect();
         let t: Vec<i64> = (0..m).map(|i| ((i * 40_009 + 3) % rows) as i64).collect();
         let g: Vec<f32> = (0..m * 2).map(|i| 0.5 - (i % 3) as f32 * 0.25).collect();
         let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
         let head = Head::<B>::Dense(w.into_primitive().tensor());
-        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device).into_primitive().tensor();
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device)
+            .into_primitive()
+            .tensor();
         let t = Tensor::<B, 1, Int>::from_data(TensorData::new(t, [m]), &device).into_primitive();
-        let g = Tensor::<B, 2>::from_data(TensorData::new(g, [m, 2]), &device).into_primitive().tensor();
-        let read = |p| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(p)).into_data().to_vec::<f32>().unwrap();
+        let g = Tensor::<B, 2>::from_data(TensorData::new(g, [m, 2]), &device)
+            .into_primitive()
+            .tensor();
+        let read = |p| {
+            Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(p))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap()
+        };
         let out = B::token_logprobs(x.clone(), &head, t.clone(), 0.7, 2);
         let grad = B::token_logprobs_backward(x, &head, t, 0.7, 2, g);
         (read(out), read(grad))
     }
     let (cpu, cpu_grad) = run::<Cpu>(70_001, 16, 3);
     let (gpu, gpu_grad) = run::<Wgpu>(70_001, 16, 3);
-    assert!(cpu.iter().all(|v| v.is_finite()) && gpu.iter().all(|v| v.is_finite()), "{cpu:?} {gpu:?}");
+    assert!(
+        cpu.iter().all(|v| v.is_finite()) && gpu.iter().all(|v| v.is_finite()),
+        "{cpu:?} {gpu:?}"
+    );
     let (d, dg) = (max_abs_diff(&cpu, &gpu), max_abs_diff(&cpu_grad, &gpu_grad));
-    assert!(d < 1e-3 && dg < 1e-3, "log-probs/entropies differ by {d}, gradients by {dg}: {cpu:?} vs {gpu:?}");
+    assert!(
+        d < 1e-3 && dg < 1e-3,
+        "log-probs/entropies differ by {d}, gradients by {dg}: {cpu:?} vs {gpu:?}"
+    );
 }

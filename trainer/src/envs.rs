@@ -111,10 +111,10 @@ impl EnvFactory {
                 Kind::Local(services) => {
                     Box::new(ReplEnv::new(services.clone())) as Box<dyn Environment>
                 }
-                Kind::Remote(pool) => Box::new(RemoteEnv::with_sub_lm(
-                    pool.clone(),
-                    self.bridge.sub_lm(),
-                )) as Box<dyn Environment>,
+                Kind::Remote(pool) => {
+                    Box::new(RemoteEnv::with_sub_lm(pool.clone(), self.bridge.sub_lm()))
+                        as Box<dyn Environment>
+                }
             })
             .collect()
     }

@@ -201,10 +201,24 @@ pub fn evaluate<B: ModelBackend>(
             })
             .collect();
         let mut envs = factory.make(specs.len());
-        let (outputs, s) = rollout(model, chat, &mut envs, &specs, settings, factory.bridge(), device)?;
+        let (outputs, s) = rollout(
+            model,
+            chat,
+            &mut envs,
+            &specs,
+            settings,
+            factory.bridge(),
+            device,
+        )?;
         add_stats(&mut stats, &s);
         for (task, out) in chunk.iter().zip(outputs) {
-            episodes.push(score_episode(rewards, task, &out.trajectory, out.turns, out.generated_tokens));
+            episodes.push(score_episode(
+                rewards,
+                task,
+                &out.trajectory,
+                out.turns,
+                out.generated_tokens,
+            ));
             trajectories.push(out.trajectory.ok());
         }
         progress(episodes.len());

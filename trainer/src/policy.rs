@@ -47,7 +47,10 @@ pub struct Policy<B: AutodiffBackend> {
 }
 
 /// The directory the tokenizer of `source` lives in, resolved against `default_base`.
-pub fn tokenizer_dir(source: &ModelSource, default_base: Option<&Path>) -> Result<PathBuf, PolicyError> {
+pub fn tokenizer_dir(
+    source: &ModelSource,
+    default_base: Option<&Path>,
+) -> Result<PathBuf, PolicyError> {
     match source {
         ModelSource::HuggingFace { path } => Ok(path.clone()),
         ModelSource::DefaultBase => default_base
@@ -99,7 +102,10 @@ pub fn load_base<B: ModelBackend>(
                 init.embedding_std = *std as f32;
             }
             let model = Qwen2ForCausalLM::random_init(config, plan.seeds.model, nf4, init, device);
-            (model, format!("random {shape:?} (seed {})", plan.seeds.model))
+            (
+                model,
+                format!("random {shape:?} (seed {})", plan.seeds.model),
+            )
         }
         _ => {
             let options = LoadOptions { quantize_nf4: nf4 };

@@ -70,8 +70,16 @@ pub fn write(plan: &Plan, run: &RunSummary) -> Result<PathBuf, ReportError> {
             .filter(|(k, _)| k.starts_with("reward/"))
             .map(|(k, v)| (k.as_str(), v.as_slice()))
             .collect();
-        lines(&plots.join("report_reward.png"), "GRPO reward and solve rate", &reward)?;
-        lines(&plots.join("report_components.png"), "reward components (unweighted means)", &components)?;
+        lines(
+            &plots.join("report_reward.png"),
+            "GRPO reward and solve rate",
+            &reward,
+        )?;
+        lines(
+            &plots.join("report_components.png"),
+            "reward components (unweighted means)",
+            &components,
+        )?;
         let _ = writeln!(md, "## GRPO curves\n");
         let _ = writeln!(md, "![reward](plots/report_reward.png)\n");
         let _ = writeln!(md, "![components](plots/report_components.png)\n");
@@ -135,28 +143,51 @@ pub fn write(plan: &Plan, run: &RunSummary) -> Result<PathBuf, ReportError> {
                 (f.clone(), v)
             })
             .collect();
-        bars(&plots.join("report_families.png"), "held-out accuracy per family", &labels, &accuracy)?;
+        bars(
+            &plots.join("report_families.png"),
+            "held-out accuracy per family",
+            &labels,
+            &accuracy,
+        )?;
         let usage: Vec<(String, Vec<f64>)> = vec![
             (
                 "llm() calls".into(),
-                run.evals.iter().map(|e| e.report.overall.llm_calls).collect(),
+                run.evals
+                    .iter()
+                    .map(|e| e.report.overall.llm_calls)
+                    .collect(),
             ),
             (
                 "tool tokens / 100".into(),
-                run.evals.iter().map(|e| e.report.overall.tool_tokens / 100.0).collect(),
+                run.evals
+                    .iter()
+                    .map(|e| e.report.overall.tool_tokens / 100.0)
+                    .collect(),
             ),
             (
                 "turns".into(),
                 run.evals.iter().map(|e| e.report.overall.turns).collect(),
             ),
         ];
-        bars(&plots.join("report_usage.png"), "per episode, held-out", &labels, &usage)?;
+        bars(
+            &plots.join("report_usage.png"),
+            "per episode, held-out",
+            &labels,
+            &usage,
+        )?;
         let _ = writeln!(md, "\n![families](plots/report_families.png)\n");
         let _ = writeln!(md, "### `llm()` calls and tool tokens, before and after\n");
         let _ = writeln!(md, "![usage](plots/report_usage.png)\n");
         if let Some(last) = run.evals.last() {
-            let _ = writeln!(md, "## Three trajectories of the trained model ({})\n", last.label);
-            for (i, t) in pick_three(&last.trajectories, &last.report.episodes).into_iter().enumerate() {
+            let _ = writeln!(
+                md,
+                "## Three trajectories of the trained model ({})\n",
+                last.label
+            );
+            for (i, t) in pick_three(&last.trajectories, &last.report.episodes)
+                .into_iter()
+                .enumerate()
+            {
                 let e = &last.report.episodes[t.0];
                 let _ = writeln!(
                     md,
@@ -211,7 +242,11 @@ fn trajectory(md: &mut String, t: &Trajectory) {
             Role::User => "user",
             Role::Assistant => "assistant",
         };
-        let _ = writeln!(md, "**{who}**\n\n````text\n{}\n````\n", m.content.trim_end());
+        let _ = writeln!(
+            md,
+            "**{who}**\n\n````text\n{}\n````\n",
+            m.content.trim_end()
+        );
     }
 }
 
@@ -262,10 +297,15 @@ fn lines(path: &Path, title: &str, series: &[(&str, &[(f64, f64)])]) -> Result<(
     for (i, (name, points)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
             .map_err(|e| err(e.to_string()))?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

@@ -203,7 +203,9 @@ pub fn rollout<B: ModelBackend>(
     bridge: &Bridge,
     device: &B::Device,
 ) -> Result<(Vec<EpisodeOutput>, RolloutStats), RolloutError> {
-    engine::run(model, chat, envs, specs, settings, bridge, device, &mut Quiet)
+    engine::run(
+        model, chat, envs, specs, settings, bridge, device, &mut Quiet,
+    )
 }
 
 /// [`rollout`], reporting every event to `observer` as it happens.

@@ -114,7 +114,12 @@ pub struct Trace {
 pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettings) -> Style {
     let mut rng = TrainRng::seed_from_u64(seed);
     rng.set_stream(index);
-    Style::draw(&mut rng, family, settings.wasteful_fraction, settings.short_search)
+    Style::draw(
+        &mut rng,
+        family,
+        settings.wasteful_fraction,
+        settings.short_search,
+    )
 }
 
 /// Runs `settings.count` expert episodes through `env`, taking `tasks` in turn, each in a

@@ -23,16 +23,20 @@ use burn::tensor::{Int, Tensor, TensorData};
 use fathom_env::env::{EnvConfig, ReplEnv, ResetRequest, Services};
 use fathom_env::expert::PassageReader;
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
-use fathom_model::{ModelBackend, Qwen2ForCausalLM, SequenceLogprobs, TrainPass, Tokenizer};
+use fathom_model::{ModelBackend, Qwen2ForCausalLM, SequenceLogprobs, Tokenizer, TrainPass};
 use fathom_rewards::record::{Task, Trajectory};
 use rand::seq::SliceRandom;
 
-use crate::checkpoint::{self, AdamWOptimizer, DataCursor, RngState, Stage, TrainRng, TrainerState};
+use crate::checkpoint::{
+    self, AdamWOptimizer, DataCursor, RngState, Stage, TrainRng, TrainerState,
+};
 use crate::envs::EnvFactory;
 use crate::eval::{EvalReport, evaluate, score_episode};
 use crate::grpo::{LossBatch, Sample, group_advantages, host_batch, policy_loss};
 use crate::metrics::progress::{bar, step_message};
-use crate::metrics::{MetricsLog, RolloutMetrics, StepMetrics, StepTime, plot::plot_stage, read_log};
+use crate::metrics::{
+    MetricsLog, RolloutMetrics, StepMetrics, StepTime, plot::plot_stage, read_log,
+};
 use crate::policy::load_policy;
 use crate::rapo::{RapoState, drop_flat_groups};
 use crate::recipe::{LearnerSection, Plan};
@@ -181,7 +185,13 @@ pub fn run<B: ModelBackend>(
     let tokenizer = Arc::new(policy.tokenizer);
     let bridge = crate::rollout::Bridge::new();
     let parallel = plan.grpo.prompts_per_step * plan.grpo.group_size;
-    let factory = EnvFactory::new(plan, opts.worker.clone(), tokenizer.clone(), &bridge, parallel)?;
+    let factory = EnvFactory::new(
+        plan,
+        opts.worker.clone(),
+        tokenizer.clone(),
+        &bridge,
+        parallel,
+    )?;
     let mut run = Run::<B> {
         plan,
         opts,
@@ -193,7 +203,11 @@ pub fn run<B: ModelBackend>(
         ckpt_root: opts.out.join("checkpoints"),
     };
     let metrics_path = opts.out.join("metrics.jsonl");
-    let resume_grpo = if opts.resume { checkpoint::latest(&run.ckpt_root, Stage::Grpo)? } else { None };
+    let resume_grpo = if opts.resume {
+        checkpoint::latest(&run.ckpt_root, Stage::Grpo)?
+    } else {
+        None
+    };
     let resume_sft = if opts.resume && resume_grpo.is_none() {
         checkpoint::latest(&run.ckpt_root, Stage::Sft)?
     } else {
@@ -224,7 +238,11 @@ pub fn run<B: ModelBackend>(
     });
     if fresh && opts.evaluations.base {
         // With a starting adapter (`model.adapter`) the first evaluation is of that adapter.
-        let label = if plan.model.adapter.is_some() { "start" } else { "base" };
+        let label = if plan.model.adapter.is_some() {
+            "start"
+        } else {
+            "base"
+        };
         summary.evals.push(run.evaluate(label, &model, &heldout)?);
     }
 
@@ -265,12 +283,11 @@ pub fn run<B: ModelBackend>(
 /// The step a checkpoint directory holds.
 fn checkpoint_step(dir: &Path) -> Result<u64, TrainError> {
     let text = std::fs::read_to_string(dir.join("state.json")).map_err(io(dir))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| {
-        checkpoint::CheckpointError::Invalid {
+    let state: TrainerState =
+        serde_json::from_str(&text).map_err(|e| checkpoint::CheckpointError::Invalid {
             dir: dir.to_path_buf(),
             message: format!("state.json: {e}"),
-        }
-    })?;
+        })?;
     Ok(state.step)
 }
 
@@ -370,7 +387,11 @@ impl<B: ModelBackend> Run<'_, B> {
         let inner = model.valid();
         let chat = self.chat();
         let settings = self.rollout_settings(true, self.plan.seeds.sampling);
-        let progress = bar(tasks.len() as u64, &format!("eval {label}"), self.opts.progress);
+        let progress = bar(
+            tasks.len() as u64,
+            &format!("eval {label}"),
+            self.opts.progress,
+        );
         let (report, trajectories, _) = evaluate(
             &inner,
             &chat,
@@ -405,9 +426,7 @@ impl<B: ModelBackend> Run<'_, B> {
         plan.sandbox.apply(&mut config);
         config.idle_workers = 1;
         let mut services = Services::new(SandboxPool::new(config)?, Arc::new(PassageReader));
-        services.config = EnvConfig {
-            ..plan.env.clone()
-        };
+        services.config = EnvConfig { ..plan.env.clone() };
         let mut expert_env = ReplEnv::new(services);
         let traces = generate_traces(
             &mut expert_env,
@@ -443,12 +462,14 @@ impl<B: ModelBackend> Run<'_, B> {
             optim = loaded.optim;
             state = loaded.state;
         }
-        let rng: TrainRng = state.rng.restore().map_err(|message| {
-            checkpoint::CheckpointError::Invalid {
-                dir: self.ckpt_root.clone(),
-                message,
-            }
-        })?;
+        let rng: TrainRng =
+            state
+                .rng
+                .restore()
+                .map_err(|message| checkpoint::CheckpointError::Invalid {
+                    dir: self.ckpt_root.clone(),
+                    message,
+                })?;
         let progress = bar(sft.steps as u64, "sft", self.opts.progress);
         progress.set_position(state.step);
         let mut order = epoch_order(examples.len(), &rng, state.data.epoch);
@@ -465,10 +486,17 @@ impl<B: ModelBackend> Run<'_, B> {
                 state.data.position += 1;
             }
             let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
-            let total: usize = batch.iter().map(|e| e.targets[1..].iter().filter(|t| **t).count()).sum();
+            let total: usize = batch
+                .iter()
+                .map(|e| e.targets[1..].iter().filter(|t| **t).count())
+                .sum();
             let weights: Vec<f32> = batch
                 .iter()
-                .flat_map(|e| e.targets[1..].iter().map(|&t| if t { 1.0 / total.max(1) as f32 } else { 0.0 }))
+                .flat_map(|e| {
+                    e.targets[1..]
+                        .iter()
+                        .map(|&t| if t { 1.0 / total.max(1) as f32 } else { 0.0 })
+                })
                 .collect();
             let device = self.device.clone();
             let out = fathom_model::forward_backward(
@@ -478,13 +506,19 @@ impl<B: ModelBackend> Run<'_, B> {
                 self.device,
                 |lp: &SequenceLogprobs<Ad<B>>| {
                     let n = weights.len();
-                    let w = Tensor::<Ad<B>, 1>::from_data(TensorData::new(weights.clone(), [n]), &device);
+                    let w = Tensor::<Ad<B>, 1>::from_data(
+                        TensorData::new(weights.clone(), [n]),
+                        &device,
+                    );
                     ((lp.logprobs.clone() * w).sum().neg(), ())
                 },
             )?;
             let mut grads = out.grads;
-            let clipping = crate::optim::clip_global_norm(&model, &mut grads, sft.optimizer.grad_clip);
-            let lr = sft.schedule.lr(sft.optimizer.lr, state.step as usize, sft.steps);
+            let clipping =
+                crate::optim::clip_global_norm(&model, &mut grads, sft.optimizer.grad_clip);
+            let lr = sft
+                .schedule
+                .lr(sft.optimizer.lr, state.step as usize, sft.steps);
             model = optim.step(lr, model, grads);
             state.step += 1;
             let elapsed = started.elapsed().as_secs_f64();
@@ -508,7 +542,14 @@ impl<B: ModelBackend> Run<'_, B> {
             state.rng = RngState::capture(&rng);
             let last = state.step as usize == sft.steps;
             if last || (state.step as usize).is_multiple_of(plan.checkpoints.every) {
-                checkpoint::save(&self.ckpt_root, &model, &optim, &state, &plan.text, plan.checkpoints.keep_last)?;
+                checkpoint::save(
+                    &self.ckpt_root,
+                    &model,
+                    &optim,
+                    &state,
+                    &plan.text,
+                    plan.checkpoints.keep_last,
+                )?;
             }
             if self.opts.stop_after == Some((Stage::Sft, state.step)) && !last {
                 return Ok((model, state.step, true));
@@ -541,12 +582,14 @@ impl<B: ModelBackend> Run<'_, B> {
             optim = loaded.optim;
             state = loaded.state;
         }
-        let rng: TrainRng = state.rng.restore().map_err(|message| {
-            checkpoint::CheckpointError::Invalid {
-                dir: self.ckpt_root.clone(),
-                message,
-            }
-        })?;
+        let rng: TrainRng =
+            state
+                .rng
+                .restore()
+                .map_err(|message| checkpoint::CheckpointError::Invalid {
+                    dir: self.ckpt_root.clone(),
+                    message,
+                })?;
         let reference = (g.loss.beta > 0.0).then(|| strip(model.valid()));
         let total_opt_steps = g.steps * g.optimizer_steps_per_batch;
         let progress = bar(g.steps as u64, "grpo", self.opts.progress);
@@ -592,26 +635,61 @@ impl<B: ModelBackend> Run<'_, B> {
             let inner = model.valid();
             let chat = self.chat();
             let mut envs = self.factory.make(specs.len());
-            let settings = self.rollout_settings(false, plan.seeds.sampling ^ state.step.wrapping_mul(0x9e37_79b9));
-            let (outputs, rstats) = rollout(&inner, &chat, &mut envs, &specs, &settings, self.factory.bridge(), self.device)?;
+            let settings = self.rollout_settings(
+                false,
+                plan.seeds.sampling ^ state.step.wrapping_mul(0x9e37_79b9),
+            );
+            let (outputs, rstats) = rollout(
+                &inner,
+                &chat,
+                &mut envs,
+                &specs,
+                &settings,
+                self.factory.bridge(),
+                self.device,
+            )?;
             // Rewards.
             let evals: Vec<_> = outputs
                 .iter()
                 .zip(&specs)
-                .map(|(o, s)| score_episode(&plan.rewards, prompts[s.group], &o.trajectory, o.turns, o.generated_tokens))
+                .map(|(o, s)| {
+                    score_episode(
+                        &plan.rewards,
+                        prompts[s.group],
+                        &o.trajectory,
+                        o.turns,
+                        o.generated_tokens,
+                    )
+                })
                 .collect();
             let mut samples: Vec<Sample> = outputs.iter().map(|o| o.sample.clone()).collect();
             let mut rewards: Vec<f64> = evals.iter().map(|e| e.reward).collect();
             // RAPO: remember successes, replay one into a group that failed entirely.
             for (p, task) in prompts.iter().enumerate() {
                 let range = p * gsize..(p + 1) * gsize;
-                state.rapo.solve_rates.record(&task.id, evals[range.clone()].iter().map(|e| e.correct));
+                state
+                    .rapo
+                    .solve_rates
+                    .record(&task.id, evals[range.clone()].iter().map(|e| e.correct));
                 if let Some(replay) = &plan.rapo.replay {
-                    let injected = state.rapo.replay.inject(&task.id, &mut samples[range.clone()], &mut rewards[range.clone()], replay);
+                    let injected = state.rapo.replay.inject(
+                        &task.id,
+                        &mut samples[range.clone()],
+                        &mut rewards[range.clone()],
+                        replay,
+                    );
                     if injected.is_none()
-                        && let Some(best) = range.clone().max_by(|&a, &b| rewards[a].total_cmp(&rewards[b]))
+                        && let Some(best) = range
+                            .clone()
+                            .max_by(|&a, &b| rewards[a].total_cmp(&rewards[b]))
                     {
-                        state.rapo.replay.offer(&task.id, &samples[best], rewards[best], state.step, replay);
+                        state.rapo.replay.offer(
+                            &task.id,
+                            &samples[best],
+                            rewards[best],
+                            state.step,
+                            replay,
+                        );
                     }
                 }
             }
@@ -619,7 +697,11 @@ impl<B: ModelBackend> Run<'_, B> {
             let good = drop_flat_groups(&advantages, plan.rapo.rescale_advantages);
             // The learner.
             let learn_started = Instant::now();
-            let lr = g.schedule.lr(g.optimizer.lr, state.step as usize * g.optimizer_steps_per_batch, total_opt_steps);
+            let lr = g.schedule.lr(
+                g.optimizer.lr,
+                state.step as usize * g.optimizer_steps_per_batch,
+                total_opt_steps,
+            );
             let temperature = plan.sampling.temperature() as f64;
             let (m2, learned) = learn(
                 model,
@@ -665,7 +747,11 @@ impl<B: ModelBackend> Run<'_, B> {
                     reward_components: components,
                     kl: stats.kl,
                     entropy: stats.entropy,
-                    completion_tokens: outputs.iter().map(|o| o.generated_tokens as f64).sum::<f64>() / n,
+                    completion_tokens: outputs
+                        .iter()
+                        .map(|o| o.generated_tokens as f64)
+                        .sum::<f64>()
+                        / n,
                     advantage_variance: advantages.variance(),
                     zero_variance_groups: advantages.zero_variance_fraction(),
                     clip_low: stats.clip_low,
@@ -678,13 +764,22 @@ impl<B: ModelBackend> Run<'_, B> {
             self.log(&m, plan.output.metrics_every)?;
             progress.set_position(state.step);
             progress.set_message(step_message(&m));
-            if plan.output.plot_every > 0 && (state.step as usize).is_multiple_of(plan.output.plot_every) {
+            if plan.output.plot_every > 0
+                && (state.step as usize).is_multiple_of(plan.output.plot_every)
+            {
                 self.plot_all()?;
             }
             state.rng = RngState::capture(&rng);
             let last = state.step as usize == g.steps;
             if last || (state.step as usize).is_multiple_of(plan.checkpoints.every) {
-                checkpoint::save(&self.ckpt_root, &model, &optim, &state, &plan.text, plan.checkpoints.keep_last)?;
+                checkpoint::save(
+                    &self.ckpt_root,
+                    &model,
+                    &optim,
+                    &state,
+                    &plan.text,
+                    plan.checkpoints.keep_last,
+                )?;
             }
             if self.opts.stop_after == Some((Stage::Grpo, state.step)) && !last {
                 return Ok((model, state.step, true));
@@ -732,7 +827,13 @@ pub fn learn<B: ModelBackend>(
     let seqs: Vec<&[u32]> = samples.iter().map(|s| s.ids.as_slice()).collect();
     let ref_logprobs = match reference {
         Some(r) => {
-            let out = fathom_model::packed_logprobs(r, &seqs, temperature, g.learner.logprob_chunk, device)?;
+            let out = fathom_model::packed_logprobs(
+                r,
+                &seqs,
+                temperature,
+                g.learner.logprob_chunk,
+                device,
+            )?;
             Some(padded(out.logprobs, &out.offsets, cols))
         }
         None => None,
@@ -782,7 +883,9 @@ fn epoch_order(n: usize, rng: &TrainRng, epoch: u64) -> Vec<usize> {
 
 /// The model without its adapters (the reference policy, or the base to load a checkpoint's
 /// adapter onto).
-pub fn strip<B: burn::tensor::backend::Backend>(mut model: Qwen2ForCausalLM<B>) -> Qwen2ForCausalLM<B> {
+pub fn strip<B: burn::tensor::backend::Backend>(
+    mut model: Qwen2ForCausalLM<B>,
+) -> Qwen2ForCausalLM<B> {
     for (_, p) in model.layer_projections_mut() {
         p.lora = None;
     }

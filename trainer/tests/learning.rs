@@ -63,7 +63,10 @@ fn sft_on_expert_traces_learns() {
         last < uniform - BELOW_UNIFORM && last < first - 5.0,
         "SFT did not learn: loss {first:.3} → {last:.3} (uniform {uniform:.3})"
     );
-    assert!(log.iter().any(|m| m.stage == Stage::Grpo && m.loss.is_finite()));
+    assert!(
+        log.iter()
+            .any(|m| m.stage == Stage::Grpo && m.loss.is_finite())
+    );
 }
 
 /// Paired standard errors the GRPO gain must exceed.
@@ -96,7 +99,10 @@ fn grpo_raises_the_held_out_reward_of_the_sft_adapter() {
     let summary = run::<fathom_model::Cpu>(&plan, &options, &Default::default()).unwrap();
     assert_eq!(summary.grpo_steps, plan.grpo.steps as u64);
     let [before, after] = [&summary.evals[0], &summary.evals[1]];
-    assert_eq!((before.label.as_str(), after.label.as_str()), ("start", "grpo"));
+    assert_eq!(
+        (before.label.as_str(), after.label.as_str()),
+        ("start", "grpo")
+    );
     let pairs: Vec<(f64, f64)> = before
         .report
         .episodes

@@ -44,7 +44,11 @@ impl Reward for EvenChars {
             .collect();
         let all = text.chars().count();
         let even = text.chars().filter(|c| u32::from(*c) % 2 == 0).count();
-        if all == 0 { 0.0 } else { even as f64 / all as f64 }
+        if all == 0 {
+            0.0
+        } else {
+            even as f64 / all as f64
+        }
     }
 }
 
@@ -63,7 +67,9 @@ fn plan() -> Plan {
         );
     let mut registry = RewardRegistry::new();
     registry
-        .register("even_chars", |_| Ok::<Box<dyn Reward>, ParamsError>(Box::new(EvenChars)))
+        .register("even_chars", |_| {
+            Ok::<Box<dyn Reward>, ParamsError>(Box::new(EvenChars))
+        })
         .unwrap();
     let plan = Plan::from_str_with(&text, "tiny (resume test)", &registry).unwrap();
     assert_eq!(plan.sft.as_ref().unwrap().steps, 2);
@@ -97,18 +103,25 @@ fn assert_same_run(a: &Path, b: &Path) {
         read_log(&b.join("metrics.jsonl")).unwrap(),
     );
     assert_eq!(ma.len(), 5, "2 SFT and 3 GRPO records");
-    let (ea, eb): (Vec<String>, Vec<String>) =
-        (ma.iter().map(essence).collect(), mb.iter().map(essence).collect());
+    let (ea, eb): (Vec<String>, Vec<String>) = (
+        ma.iter().map(essence).collect(),
+        mb.iter().map(essence).collect(),
+    );
     assert_eq!(ea, eb, "metrics differ");
     let grpo: Vec<&StepMetrics> = ma.iter().filter(|m| m.stage == Stage::Grpo).collect();
-    assert!(grpo.iter().all(|m| m.loss != 0.0), "every GRPO step updated: {ea:#?}");
+    assert!(
+        grpo.iter().all(|m| m.loss != 0.0),
+        "every GRPO step updated: {ea:#?}"
+    );
     let adapter = |d: &Path| std::fs::read(d.join("adapter/adapter_model.safetensors")).unwrap();
     assert!(adapter(a) == adapter(b), "the final adapters differ");
 }
 
 fn uninterrupted(root: &Path) -> PathBuf {
     let dir = root.join("whole");
-    let summary = run::<fathom_model::Cpu>(&plan(), &options(&dir, false, None), &Default::default()).unwrap();
+    let summary =
+        run::<fathom_model::Cpu>(&plan(), &options(&dir, false, None), &Default::default())
+            .unwrap();
     assert!(!summary.interrupted);
     dir
 }
@@ -118,7 +131,12 @@ fn stopped_and_resumed_runs_are_exact() {
     let whole = uninterrupted(root.path());
     let dir = root.path().join("stopped");
     let device = Default::default();
-    let first = run::<fathom_model::Cpu>(&plan(), &options(&dir, false, Some((Stage::Grpo, 1))), &device).unwrap();
+    let first = run::<fathom_model::Cpu>(
+        &plan(),
+        &options(&dir, false, Some((Stage::Grpo, 1))),
+        &device,
+    )
+    .unwrap();
     assert!(first.interrupted);
     let second = run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &device).unwrap();
     assert!(!second.interrupted);
@@ -126,7 +144,12 @@ fn stopped_and_resumed_runs_are_exact() {
     assert_same_run(&whole, &dir);
     // Stopped inside SFT too.
     let dir = root.path().join("stopped-sft");
-    run::<fathom_model::Cpu>(&plan(), &options(&dir, false, Some((Stage::Sft, 1))), &device).unwrap();
+    run::<fathom_model::Cpu>(
+        &plan(),
+        &options(&dir, false, Some((Stage::Sft, 1))),
+        &device,
+    )
+    .unwrap();
     run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &device).unwrap();
     assert_same_run(&whole, &dir);
 }
@@ -151,14 +174,20 @@ fn killed_runs_resume_exactly() {
         if logged {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(300), "the child never reached GRPO");
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the child never reached GRPO"
+        );
         assert!(child.try_wait().unwrap().is_none(), "the child ended early");
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let done = read_log(&metrics).unwrap().len();
-    assert!(done < 5, "the child finished before it was killed ({done} records)");
+    assert!(
+        done < 5,
+        "the child finished before it was killed ({done} records)"
+    );
     eprintln!("killed after {done} logged steps");
     run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &Default::default()).unwrap();
     assert_same_run(&whole, &dir);
@@ -169,12 +198,19 @@ fn main() {
     // Recipe paths are relative to the repository root, as `cargo xtask` runs there.
     std::env::set_current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).unwrap();
     if let Some(dir) = std::env::var_os(CHILD) {
-        run::<fathom_model::Cpu>(&plan(), &options(Path::new(&dir), false, None), &Default::default())
-            .unwrap();
+        run::<fathom_model::Cpu>(
+            &plan(),
+            &options(Path::new(&dir), false, None),
+            &Default::default(),
+        )
+        .unwrap();
         return;
     }
     let tests: [(&str, fn()); 2] = [
-        ("stopped_and_resumed_runs_are_exact", stopped_and_resumed_runs_are_exact),
+        (
+            "stopped_and_resumed_runs_are_exact",
+            stopped_and_resumed_runs_are_exact,
+        ),
         ("killed_runs_resume_exactly", killed_runs_resume_exactly),
     ];
     common::run_tests(&tests);

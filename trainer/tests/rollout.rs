@@ -17,9 +17,7 @@ use fathom_env::env::{
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
 use fathom_model::{ChatRole, Cpu, Qwen2Config, Qwen2ForCausalLM, Sampling, Tokenizer};
 use fathom_rewards::record::{Role, Split, Trajectory};
-use fathom_trainer::rollout::{
-    Bridge, Chat, EpisodeOutput, EpisodeSpec, RolloutSettings, rollout,
-};
+use fathom_trainer::rollout::{Bridge, Chat, EpisodeOutput, EpisodeSpec, RolloutSettings, rollout};
 use fathom_trainer::sft::chat_messages;
 
 fn tokenizer() -> Tokenizer {
@@ -88,7 +86,16 @@ fn run(
     let chat = Chat::new(&tok, tok.token_id("<|im_end|>").unwrap());
     let bridge = Bridge::new();
     let mut envs = envs(specs.len(), &bridge, max_turns);
-    rollout(&m, &chat, &mut envs, specs, &settings(sampling), &bridge, &Default::default()).unwrap()
+    rollout(
+        &m,
+        &chat,
+        &mut envs,
+        specs,
+        &settings(sampling),
+        &bridge,
+        &Default::default(),
+    )
+    .unwrap()
 }
 
 /// The text the template renders for a finished episode, through its last assistant turn.
@@ -118,7 +125,10 @@ fn bookkeeping_is_exact_and_episodes_are_multi_turn() {
         let s = &out.sample;
         assert_eq!(s.ids.len(), s.sampled.len());
         assert_eq!(s.ids.len(), s.logprobs.len());
-        assert_eq!(s.sampled.iter().filter(|x| **x).count(), out.generated_tokens);
+        assert_eq!(
+            s.sampled.iter().filter(|x| **x).count(),
+            out.generated_tokens
+        );
         // Sampled log-probabilities are real; everything else is 0 and masked.
         for ((&m, &lp), &id) in s.sampled.iter().zip(&s.logprobs).zip(&s.ids) {
             if m {
@@ -131,10 +141,13 @@ fn bookkeeping_is_exact_and_episodes_are_multi_turn() {
         // The ids decode to exactly the template's rendering of the conversation.
         let decoded = tok.decode(&s.ids, false).unwrap();
         let expected = rendered_through_last_turn(&tok, t);
-        let rest = expected
-            .strip_prefix(&decoded)
-            .unwrap_or_else(|| panic!("episode {i}: ids decode to\n{decoded}\n---\nnot a prefix of\n{expected}"));
-        assert!(rest == "\n" || rest == "<|im_end|>\n", "episode {i}: left {rest:?}");
+        let rest = expected.strip_prefix(&decoded).unwrap_or_else(|| {
+            panic!("episode {i}: ids decode to\n{decoded}\n---\nnot a prefix of\n{expected}")
+        });
+        assert!(
+            rest == "\n" || rest == "<|im_end|>\n",
+            "episode {i}: left {rest:?}"
+        );
         // Every masked run after the prompt is an observation exactly as the template
         // tokenizes it: its text re-encodes to the same ids.
         let mut t0 = 0;
@@ -146,7 +159,11 @@ fn bookkeeping_is_exact_and_episodes_are_multi_turn() {
             if !s.sampled[t0] {
                 let text = tok.decode(&s.ids[t0..t1], false).unwrap();
                 let ids = tok.encode(&text, false).unwrap();
-                assert_eq!(ids, s.ids[t0..t1].to_vec(), "episode {i}: masked run at {t0}");
+                assert_eq!(
+                    ids,
+                    s.ids[t0..t1].to_vec(),
+                    "episode {i}: masked run at {t0}"
+                );
                 if t0 > 0 {
                     let starts = [eot]; // after a cut turn the template's end-of-turn
                     assert!(

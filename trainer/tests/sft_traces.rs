@@ -157,11 +157,22 @@ fn short_search_traces_stay_correct() {
     for t in &traces {
         assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
         let first = &t.messages[2].content;
-        assert!(first.contains("re.findall(") && first.lines().count() <= 5, "{first}");
-        assert!(t.messages[3].content.contains("access code"), "{}", t.messages[3].content);
+        assert!(
+            first.contains("re.findall(") && first.lines().count() <= 5,
+            "{first}"
+        );
+        assert!(
+            t.messages[3].content.contains("access code"),
+            "{}",
+            t.messages[3].content
+        );
         assert_eq!(t.messages.len(), 5, "{}: search, then answer", t.task_id);
     }
-    eprintln!("{}/{} short-search traces correct", traces.len(), traces.len());
+    eprintln!(
+        "{}/{} short-search traces correct",
+        traces.len(),
+        traces.len()
+    );
 }
 
 fn main() {

@@ -23,10 +23,10 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
+use fathom_model::ModelBackend;
 use fathom_model::bench::{
     Protocol, TrainStepBench, forward_pass, nf4_cpu_kernels, nf4_matmul, throughput, train_step,
 };
-use fathom_model::ModelBackend;
 use fathom_model::{Qwen2Config, Qwen2ForCausalLM};
 
 use crate::backend::{BackendKind, ModelArgs};

@@ -24,11 +24,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
-use std::sync::mpsc::{Receiver, Sender, channel, sync_channel};
 use fathom_env::tasks::{self, TaskConfig};
 use fathom_model::ModelBackend;
 use fathom_rewards::record::Split;
 use serde::{Deserialize, Serialize};
+use std::sync::mpsc::{Receiver, Sender, channel, sync_channel};
 use tokio::sync::mpsc;
 
 use crate::infer::LoadArgs;
@@ -214,7 +214,11 @@ struct TaskView {
 }
 
 fn bad_request(message: String) -> Response {
-    (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": message }))).into_response()
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({ "error": message })),
+    )
+        .into_response()
 }
 
 fn task_of(config: &TaskConfig, query: &TaskQuery) -> Result<fathom_rewards::record::Task, String> {
@@ -249,10 +253,7 @@ struct RunRequest {
     task: Option<TaskQuery>,
 }
 
-async fn run_route(
-    State(state): State<Arc<AppState>>,
-    Json(body): Json<RunRequest>,
-) -> Response {
+async fn run_route(State(state): State<Arc<AppState>>, Json(body): Json<RunRequest>) -> Response {
     if body.document.trim().is_empty() {
         return bad_request("the document is empty: paste or upload one, or load a task".into());
     }
@@ -282,7 +283,11 @@ async fn run_route(
         events: tx,
     };
     if state.jobs.send(job).is_err() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "the model thread has stopped").into_response();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model thread has stopped",
+        )
+            .into_response();
     }
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let message = rx.recv().await?;
@@ -290,5 +295,7 @@ async fn run_route(
             .unwrap_or_else(|e| format!("{{\"type\":\"error\",\"message\":\"{e}\"}}"));
         Some((Ok::<_, Infallible>(Event::default().data(data)), rx))
     });
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }

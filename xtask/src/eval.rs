@@ -74,7 +74,13 @@ fn run_on<B: ModelBackend>(args: &EvalArgs, plan: &Plan, device: &B::Device) -> 
     let tasks = tasks_of(plan, split, indices)?;
     let bridge = Bridge::new();
     let parallel = plan.grpo.prompts_per_step * plan.grpo.group_size;
-    let factory = EnvFactory::new(plan, WorkerCommand::CurrentExe, tokenizer.clone(), &bridge, parallel)?;
+    let factory = EnvFactory::new(
+        plan,
+        WorkerCommand::CurrentExe,
+        tokenizer.clone(),
+        &bridge,
+        parallel,
+    )?;
     let chat = Chat::new(&tokenizer, eot);
     let settings = RolloutSettings {
         sampling: fathom_model::Sampling::Greedy,
@@ -85,7 +91,17 @@ fn run_on<B: ModelBackend>(args: &EvalArgs, plan: &Plan, device: &B::Device) -> 
     };
     let run = |label: &str, model: &Qwen2ForCausalLM<B>| -> Result<EvalReport> {
         let bar = fathom_trainer::metrics::progress::bar(tasks.len() as u64, label, !args.json);
-        let (report, _, _) = evaluate(model, &chat, &factory, &tasks, &plan.rewards, &settings, parallel, device, &mut |n| bar.set_position(n as u64))?;
+        let (report, _, _) = evaluate(
+            model,
+            &chat,
+            &factory,
+            &tasks,
+            &plan.rewards,
+            &settings,
+            parallel,
+            device,
+            &mut |n| bar.set_position(n as u64),
+        )?;
         bar.finish_and_clear();
         Ok(report)
     };
@@ -94,20 +110,36 @@ fn run_on<B: ModelBackend>(args: &EvalArgs, plan: &Plan, device: &B::Device) -> 
         let adapted = base
             .load_adapter(dir, device)
             .with_context(|| format!("loading the adapter from {}", dir.display()))?;
-        reports.push((format!("adapter {}", dir.display()), run("adapter", &adapted)?));
+        reports.push((
+            format!("adapter {}", dir.display()),
+            run("adapter", &adapted)?,
+        ));
     }
     if args.json {
         let out: serde_json::Map<String, serde_json::Value> = reports
             .iter()
-            .map(|(k, r)| (k.clone(), serde_json::to_value(r).expect("a report serialises")))
+            .map(|(k, r)| {
+                (
+                    k.clone(),
+                    serde_json::to_value(r).expect("a report serialises"),
+                )
+            })
             .collect();
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!("{} on {} {:?} tasks ({name})", plan.origin, tasks.len(), split);
+    println!(
+        "{} on {} {:?} tasks ({name})",
+        plan.origin,
+        tasks.len(),
+        split
+    );
     for (label, r) in &reports {
         println!("\n{label}");
-        println!("  {:<10} {:>5} {:>9} {:>8} {:>7} {:>8} {:>6}", "family", "n", "accuracy", "reward", "llm()", "tool tok", "turns");
+        println!(
+            "  {:<10} {:>5} {:>9} {:>8} {:>7} {:>8} {:>6}",
+            "family", "n", "accuracy", "reward", "llm()", "tool tok", "turns"
+        );
         let mut rows: Vec<(&str, &fathom_trainer::eval::Summary)> =
             r.families.iter().map(|(k, v)| (k.as_str(), v)).collect();
         rows.push(("all", &r.overall));

@@ -99,7 +99,13 @@ fn run_on<B: ModelBackend>(args: &GrpoStepArgs, plan: &Plan, device: &B::Device)
     let bridge = Bridge::new();
     let g = &plan.grpo;
     let episodes = g.prompts_per_step * g.group_size;
-    let factory = EnvFactory::new(plan, WorkerCommand::CurrentExe, tokenizer.clone(), &bridge, episodes)?;
+    let factory = EnvFactory::new(
+        plan,
+        WorkerCommand::CurrentExe,
+        tokenizer.clone(),
+        &bridge,
+        episodes,
+    )?;
     let train = tasks_of(plan, plan.data.train.split, &plan.train_tasks)?;
     let mut optim = g.optimizer.init();
     let mut steps = Vec::new();
@@ -137,18 +143,33 @@ fn run_on<B: ModelBackend>(args: &GrpoStepArgs, plan: &Plan, device: &B::Device)
         };
         let started = Instant::now();
         let inner = burn::module::AutodiffModule::valid(&model);
-        let (outputs, stats) = rollout(&inner, &chat, &mut envs, &specs, &settings, &bridge, device)?;
+        let (outputs, stats) =
+            rollout(&inner, &chat, &mut envs, &specs, &settings, &bridge, device)?;
         let rewards: Vec<f64> = outputs
             .iter()
             .zip(&specs)
             .map(|(o, s)| match (&args.task, &s.reset) {
                 (BenchTask::Arithmetic, ResetRequest::Custom { answer, .. }) => {
-                    let last = o.trajectory.as_ref().ok().and_then(|t| t.final_assistant().map(str::to_string));
-                    f64::from(u8::from(last.zip(answer.as_ref()).is_some_and(|(t, a)| t.contains(a.as_str()))))
+                    let last = o
+                        .trajectory
+                        .as_ref()
+                        .ok()
+                        .and_then(|t| t.final_assistant().map(str::to_string));
+                    f64::from(u8::from(
+                        last.zip(answer.as_ref())
+                            .is_some_and(|(t, a)| t.contains(a.as_str())),
+                    ))
                 }
                 _ => {
                     let p = step * g.prompts_per_step + s.group;
-                    score_episode(&plan.rewards, &train[p % train.len()], &o.trajectory, o.turns, o.generated_tokens).reward
+                    score_episode(
+                        &plan.rewards,
+                        &train[p % train.len()],
+                        &o.trajectory,
+                        o.turns,
+                        o.generated_tokens,
+                    )
+                    .reward
                 }
             })
             .collect();
@@ -156,7 +177,17 @@ fn run_on<B: ModelBackend>(args: &GrpoStepArgs, plan: &Plan, device: &B::Device)
         let samples: Vec<_> = outputs.iter().map(|o| &o.sample).collect();
         let learn_started = Instant::now();
         let lr = g.optimizer.lr;
-        let (m, learned) = learn(model, &mut optim, &samples, &advantages.values, g, None, plan.sampling.temperature() as f64, lr, device)?;
+        let (m, learned) = learn(
+            model,
+            &mut optim,
+            &samples,
+            &advantages.values,
+            g,
+            None,
+            plan.sampling.temperature() as f64,
+            lr,
+            device,
+        )?;
         model = m;
         let learning_s = learn_started.elapsed().as_secs_f64();
         let total_s = started.elapsed().as_secs_f64();
@@ -178,7 +209,10 @@ fn run_on<B: ModelBackend>(args: &GrpoStepArgs, plan: &Plan, device: &B::Device)
         }
     }
     let median = |key: &str| {
-        let mut v: Vec<f64> = steps.iter().map(|r| r[key].as_f64().unwrap_or(0.0)).collect();
+        let mut v: Vec<f64> = steps
+            .iter()
+            .map(|r| r[key].as_f64().unwrap_or(0.0))
+            .collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
@@ -206,7 +240,9 @@ struct Arithmetic {
 impl Environment for Arithmetic {
     fn reset(&mut self, request: ResetRequest) -> Result<Observation, EnvError> {
         let ResetRequest::Custom { question, .. } = request else {
-            return Err(EnvError::Remote("the arithmetic benchmark takes custom questions".into()));
+            return Err(EnvError::Remote(
+                "the arithmetic benchmark takes custom questions".into(),
+            ));
         };
         let messages = vec![Message {
             role: Role::User,
@@ -227,7 +263,9 @@ impl Environment for Arithmetic {
             return Err(EnvError::EpisodeOver(id.clone()));
         }
         let AgentAction::Message(text) = action else {
-            return Err(EnvError::Remote("the arithmetic benchmark takes messages".into()));
+            return Err(EnvError::Remote(
+                "the arithmetic benchmark takes messages".into(),
+            ));
         };
         messages.push(Message {
             role: Role::Assistant,

@@ -136,8 +136,7 @@ pub fn run(args: InferArgs) -> Result<()> {
 fn spinner() -> ProgressBar {
     let bar = ProgressBar::new_spinner();
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}")
-            .expect("a valid template"),
+        ProgressStyle::with_template("{spinner} {elapsed:>4} {msg}").expect("a valid template"),
     );
     bar.enable_steady_tick(Duration::from_millis(120));
     bar
@@ -186,7 +185,8 @@ impl<'a> Printer<'a> {
                 self.say(&format!(
                     "model    {model}\nbackend  {backend}\ndocument {document_chars} characters\nquestion {question}\n"
                 ));
-                self.spinner.set_message(format!("turn {}: writing", self.turn));
+                self.spinner
+                    .set_message(format!("turn {}: writing", self.turn));
             }
             InferEvent::Token { text } => {
                 self.tokens += 1;
@@ -204,7 +204,8 @@ impl<'a> Printer<'a> {
                 self.tokens = 0;
                 self.tail.clear();
                 self.turn = turn + 1;
-                self.spinner.set_message(format!("turn {turn}: running in the REPL"));
+                self.spinner
+                    .set_message(format!("turn {turn}: running in the REPL"));
             }
             InferEvent::SubCall { prompt, answer } => {
                 self.say(&format!(
@@ -229,7 +230,8 @@ impl<'a> Printer<'a> {
                     "── output of turn {turn} ({cell_ms:.0} ms{calls}) ──\n{}\n",
                     text.trim_end()
                 ));
-                self.spinner.set_message(format!("turn {}: writing", self.turn));
+                self.spinner
+                    .set_message(format!("turn {}: writing", self.turn));
             }
             InferEvent::Finished(_) => {}
         }
@@ -240,7 +242,11 @@ impl<'a> Printer<'a> {
 fn quote(text: &str, max: usize) -> String {
     let flat = text.replace('\n', "⏎");
     let cut: String = flat.chars().take(max).collect();
-    let more = if flat.chars().count() > max { "…" } else { "" };
+    let more = if flat.chars().count() > max {
+        "…"
+    } else {
+        ""
+    };
     format!("\"{cut}{more}\"")
 }
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use fathom_model::checkpoint::{OutTensor, write_safetensors};
 use fathom_model::ModelBackend;
+use fathom_model::checkpoint::{OutTensor, write_safetensors};
 use serde::Deserialize;
 
 use crate::backend::{ModelArgs, read_json};

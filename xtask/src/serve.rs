@@ -97,7 +97,9 @@ const TOKEN_VAR: &str = "FATHOM_SERVE_TOKEN";
 fn read_token(file: Option<&std::path::Path>) -> anyhow::Result<Option<AccessToken>> {
     let var = std::env::var(TOKEN_VAR).ok().filter(|v| !v.is_empty());
     let (text, source) = match (file, var) {
-        (Some(_), Some(_)) => bail!("give the token one way: --token-file or {TOKEN_VAR}, not both"),
+        (Some(_), Some(_)) => {
+            bail!("give the token one way: --token-file or {TOKEN_VAR}, not both")
+        }
         (Some(path), None) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read the token file {}", path.display()))?;

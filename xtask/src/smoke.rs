@@ -103,7 +103,13 @@ pub fn run_cmd(args: SmokeArgs) -> Result<()> {
             let bridge = Bridge::new();
             let tokenizer = Arc::new(policy.tokenizer.clone());
             let g = plan.grpo.group_size;
-            let factory = EnvFactory::new(&plan, WorkerCommand::CurrentExe, tokenizer.clone(), &bridge, g)?;
+            let factory = EnvFactory::new(
+                &plan,
+                WorkerCommand::CurrentExe,
+                tokenizer.clone(),
+                &bridge,
+                g,
+            )?;
             let task = tasks_of(&plan, plan.data.train.split, &plan.train_tasks[..1])?.remove(0);
             let specs: Vec<EpisodeSpec> = (0..g)
                 .map(|k| EpisodeSpec {
@@ -121,10 +127,24 @@ pub fn run_cmd(args: SmokeArgs) -> Result<()> {
             };
             let chat = Chat::new(&tokenizer, policy.end_of_turn);
             let mut envs = factory.make(g);
-            let (outs, stats) = rollout(&policy.model.valid(), &chat, &mut envs, &specs, &settings, &bridge, &device)?;
+            let (outs, stats) = rollout(
+                &policy.model.valid(),
+                &chat,
+                &mut envs,
+                &specs,
+                &settings,
+                &bridge,
+                &device,
+            )?;
             let mut detail = Vec::new();
             for o in &outs {
-                let e = score_episode(&plan.rewards, &task, &o.trajectory, o.turns, o.generated_tokens);
+                let e = score_episode(
+                    &plan.rewards,
+                    &task,
+                    &o.trajectory,
+                    o.turns,
+                    o.generated_tokens,
+                );
                 if !e.reward.is_finite() {
                     bail!("reward {} is not finite", e.reward);
                 }
@@ -133,7 +153,11 @@ pub fn run_cmd(args: SmokeArgs) -> Result<()> {
                 }
                 detail.push(format!("{} turns, reward {:.3}", o.turns, e.reward));
             }
-            Ok(format!("{}; {} tokens sampled", detail.join("; "), stats.generated_tokens))
+            Ok(format!(
+                "{}; {} tokens sampled",
+                detail.join("; "),
+                stats.generated_tokens
+            ))
         })(),
     );
 
@@ -171,7 +195,11 @@ pub fn run_cmd(args: SmokeArgs) -> Result<()> {
             if changed == 0 {
                 bail!("no adapter tensor changed");
             }
-            Ok(format!("{}; {changed}/{} adapter tensors changed", losses.join(", "), after.len()))
+            Ok(format!(
+                "{}; {changed}/{} adapter tensors changed",
+                losses.join(", "),
+                after.len()
+            ))
         })(),
     );
 

@@ -85,7 +85,14 @@ fn free_port() -> u16 {
 fn start_demo(model: &Path) -> (Guard, String) {
     let port = free_port();
     let mut child = Command::new(XTASK)
-        .args(["demo", "--backend", "cpu", "--port", &port.to_string(), "--model"])
+        .args([
+            "demo",
+            "--backend",
+            "cpu",
+            "--port",
+            &port.to_string(),
+            "--model",
+        ])
         .arg(model)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -104,7 +111,11 @@ fn start_demo(model: &Path) -> (Guard, String) {
     loop {
         if let Ok(r) = ureq::get(&format!("{base}/api/info")).call() {
             let info: Value = r.into_json().unwrap();
-            assert_eq!(info["backend"].as_str().map(|b| b.starts_with("cpu")), Some(true), "{info}");
+            assert_eq!(
+                info["backend"].as_str().map(|b| b.starts_with("cpu")),
+                Some(true),
+                "{info}"
+            );
             return (guard, base);
         }
         if let Some(status) = guard.0.try_wait().unwrap() {
@@ -148,7 +159,10 @@ impl Browser {
             if let Some(status) = driver.0.try_wait().unwrap() {
                 panic!("chromedriver exited ({status}) before it was ready");
             }
-            assert!(start.elapsed() < DRIVER_START, "chromedriver not ready within {DRIVER_START:?}");
+            assert!(
+                start.elapsed() < DRIVER_START,
+                "chromedriver not ready within {DRIVER_START:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         let caps = json!({"capabilities": {"alwaysMatch": {
@@ -160,7 +174,10 @@ impl Browser {
             },
         }}});
         let session = post(&format!("{base}/session"), caps);
-        let id = session["sessionId"].as_str().expect("a session id").to_string();
+        let id = session["sessionId"]
+            .as_str()
+            .expect("a session id")
+            .to_string();
         Browser {
             url: format!("{base}/session/{id}"),
             _driver: driver,
@@ -181,13 +198,19 @@ impl Browser {
     /// The element that `css` selects (the first).
     fn find(&self, css: &str) -> String {
         let v = self.post("/element", json!({"using": "css selector", "value": css}));
-        v[ELEMENT].as_str().unwrap_or_else(|| panic!("no element `{css}`: {v}")).to_string()
+        v[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element `{css}`: {v}"))
+            .to_string()
     }
 
     /// The rendered text of the element that `css` selects ("" while it is hidden).
     fn text(&self, css: &str) -> String {
         let e = self.find(css);
-        self.get(&format!("/element/{e}/text")).as_str().unwrap_or_default().to_string()
+        self.get(&format!("/element/{e}/text"))
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// Runs `script` in the page and returns its value.
@@ -240,7 +263,10 @@ fn the_page_streams_an_episode_and_shows_its_answer() {
     // The page asked the server who it is.
     let start = Instant::now();
     while browser.text("#backend") == "…" {
-        assert!(start.elapsed() < Duration::from_secs(20), "the page never showed /api/info");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the page never showed /api/info"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(browser.text("#backend").starts_with("cpu"));
@@ -248,7 +274,10 @@ fn the_page_streams_an_episode_and_shows_its_answer() {
 
     browser.type_into("#document", DOCUMENT);
     browser.type_into("#question", QUESTION);
-    assert_eq!(browser.script("return document.getElementById('document').value"), DOCUMENT);
+    assert_eq!(
+        browser.script("return document.getElementById('document').value"),
+        DOCUMENT
+    );
     browser.click("#run");
 
     let start = Instant::now();
@@ -285,18 +314,28 @@ fn the_page_streams_an_episode_and_shows_its_answer() {
     ];
     let mut at = 0;
     for e in expect {
-        let found = transcript[at..]
-            .find(e)
-            .unwrap_or_else(|| panic!("`{e}` missing (in order) from the page's transcript:\n{transcript}"));
+        let found = transcript[at..].find(e).unwrap_or_else(|| {
+            panic!("`{e}` missing (in order) from the page's transcript:\n{transcript}")
+        });
         at += found + e.len();
     }
     let highlighted = browser.script(
         "return Array.from(document.querySelectorAll('pre.code span.bi')).map(s => s.textContent)",
     );
-    assert_eq!(highlighted, json!(["print", "llm", "context"]), "code highlighting");
+    assert_eq!(
+        highlighted,
+        json!(["print", "llm", "context"]),
+        "code highlighting"
+    );
     let summary = browser.text("#summary");
-    assert!(summary.starts_with("answered · 2 turns · 1 llm() calls"), "{summary}");
-    assert!(browser.text("#reward").is_empty(), "a custom question is not scored");
+    assert!(
+        summary.starts_with("answered · 2 turns · 1 llm() calls"),
+        "{summary}"
+    );
+    assert!(
+        browser.text("#reward").is_empty(),
+        "a custom question is not scored"
+    );
     // The stream ends just after the answer: then the page stops being busy.
     let start = Instant::now();
     while !browser.text("#status-text").is_empty() {
@@ -307,13 +346,19 @@ fn the_page_streams_an_episode_and_shows_its_answer() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(browser.script("return document.getElementById('run').disabled"), false);
+    assert_eq!(
+        browser.script("return document.getElementById('run').disabled"),
+        false
+    );
 
     let png = browser.get("/screenshot");
     let png = base64::engine::general_purpose::STANDARD
         .decode(png.as_str().expect("a base64 screenshot"))
         .unwrap();
-    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "the screenshot is a PNG");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "the screenshot is a PNG"
+    );
     let path = std::env::var_os("FATHOM_DEMO_SCREENSHOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| dir.path().join("demo.png"));

@@ -63,7 +63,11 @@ fn json_run(model: &Path, doc: &Path, backend: &str, extra: &[&str]) -> Value {
         text(&out.stderr)
     );
     let stdout = text(&out.stdout);
-    assert_eq!(stdout.trim().lines().count(), 1, "exactly one JSON line:\n{stdout}");
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "exactly one JSON line:\n{stdout}"
+    );
     serde_json::from_str(stdout.trim()).unwrap()
 }
 
@@ -132,7 +136,10 @@ fn json_summary_holds_the_answer_counts_and_trajectory() {
     let sampled = v["sampled_ids"].as_array().unwrap().len();
     let generated = v["generated_tokens"].as_u64().unwrap() as usize;
     // The episode's own tokens, plus the llm() answer's.
-    assert!(sampled > 10 && generated > sampled, "{sampled} of {generated}");
+    assert!(
+        sampled > 10 && generated > sampled,
+        "{sampled} of {generated}"
+    );
     assert!(v["tokens_per_s"].as_f64().unwrap() > 0.0);
 }
 
@@ -152,7 +159,12 @@ fn cpu_and_wgpu_give_the_same_episode() {
     for (model, extra) in [(&scripted, &[][..]), (&random, &short[..])] {
         let cpu = json_run(model, &doc, "cpu", extra);
         let gpu = json_run(model, &doc, "wgpu", extra);
-        assert_eq!(cpu["sampled_ids"], gpu["sampled_ids"], "{}", model.display());
+        assert_eq!(
+            cpu["sampled_ids"],
+            gpu["sampled_ids"],
+            "{}",
+            model.display()
+        );
         assert_eq!(cpu["answer"], gpu["answer"]);
         assert_eq!(cpu["turns"], gpu["turns"]);
         assert_eq!(
@@ -199,8 +211,14 @@ fn an_adapter_for_another_base_shape_is_refused_clearly() {
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("loading the adapter"), "{stderr}");
-    assert!(stderr.contains("made for a different base shape"), "{stderr}");
-    assert!(stderr.contains("the adapter names its base `tiny-qwen2`"), "{stderr}");
+    assert!(
+        stderr.contains("made for a different base shape"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the adapter names its base `tiny-qwen2`"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -218,13 +236,23 @@ fn unreadable_non_text_and_empty_documents_are_refused_clearly() {
     ] {
         // No model is loaded before the document is checked (the directory does not exist).
         let out = infer(
-            &["--model", "/nonexistent", "--document", path.to_str().unwrap(), "--question", "q"],
+            &[
+                "--model",
+                "/nonexistent",
+                "--document",
+                path.to_str().unwrap(),
+                "--question",
+                "q",
+            ],
             &[],
         );
         let stderr = text(&out.stderr);
         assert!(!out.status.success(), "{}", path.display());
         assert!(stderr.contains(says), "{}: {stderr}", path.display());
-        assert!(stderr.contains(path.to_str().unwrap()), "names the file: {stderr}");
+        assert!(
+            stderr.contains(path.to_str().unwrap()),
+            "names the file: {stderr}"
+        );
     }
 }
 
@@ -237,12 +265,24 @@ fn no_wgpu_adapter_is_an_error_that_suggests_the_cpu() {
     let none = dir.path().join("no-such-icd.json");
     let none = none.to_str().unwrap();
     let out = infer(
-        &["--model", "/nonexistent", "--backend", "wgpu", "--document", doc.to_str().unwrap(), "--question", "q"],
+        &[
+            "--model",
+            "/nonexistent",
+            "--backend",
+            "wgpu",
+            "--document",
+            doc.to_str().unwrap(),
+            "--question",
+            "q",
+        ],
         &[("VK_ICD_FILENAMES", none), ("VK_DRIVER_FILES", none)],
     );
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("no wgpu adapter found"), "{stderr}");
     assert!(stderr.contains("--backend cpu"), "{stderr}");
-    assert!(!stderr.contains("panicked"), "an error, not a panic: {stderr}");
+    assert!(
+        !stderr.contains("panicked"),
+        "an error, not a panic: {stderr}"
+    );
 }

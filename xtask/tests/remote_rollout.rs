@@ -29,12 +29,22 @@ impl Drop for Server {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn serve(port: u16, token_file: &std::path::Path) -> Server {
     let mut child = Command::new(XTASK)
-        .args(["serve", "--port", &port.to_string(), "--max-turns", &TURNS.to_string()])
+        .args([
+            "serve",
+            "--port",
+            &port.to_string(),
+            "--max-turns",
+            &TURNS.to_string(),
+        ])
         .arg("--token-file")
         .arg(token_file)
         .env_remove("FATHOM_SERVE_TOKEN")
@@ -47,15 +57,20 @@ fn serve(port: u16, token_file: &std::path::Path) -> Server {
     std::thread::spawn(move || for _ in BufReader::new(stderr).lines() {});
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(60), "the server did not start");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the server did not start"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     Server(child)
 }
 
 fn tokenizer() -> Tokenizer {
-    Tokenizer::from_dir(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/qwen2.5-tokenizer"))
-        .unwrap()
+    Tokenizer::from_dir(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/qwen2.5-tokenizer"),
+    )
+    .unwrap()
 }
 
 fn run(envs: &mut [Box<dyn Environment>], bridge: &Bridge) -> Vec<EpisodeOutput> {
@@ -84,9 +99,17 @@ fn run(envs: &mut [Box<dyn Environment>], bridge: &Bridge) -> Vec<EpisodeOutput>
         sub_call_tokens: 8,
         seed: 4,
     };
-    rollout(&model, &chat, envs, &specs, &settings, bridge, &Default::default())
-        .unwrap()
-        .0
+    rollout(
+        &model,
+        &chat,
+        envs,
+        &specs,
+        &settings,
+        bridge,
+        &Default::default(),
+    )
+    .unwrap()
+    .0
 }
 
 #[test]
@@ -105,7 +128,9 @@ fn remote_episodes_match_in_process_ones() {
     };
     let pool = ServerPool::with_config(&[url.as_str()], config).unwrap();
     let mut remote: Vec<Box<dyn Environment>> = (0..4)
-        .map(|_| Box::new(RemoteEnv::with_sub_lm(pool.clone(), bridge.sub_lm())) as Box<dyn Environment>)
+        .map(|_| {
+            Box::new(RemoteEnv::with_sub_lm(pool.clone(), bridge.sub_lm())) as Box<dyn Environment>
+        })
         .collect();
     let remote_out = run(&mut remote, &bridge);
 
@@ -128,7 +153,10 @@ fn remote_episodes_match_in_process_ones() {
     for (i, (r, l)) in remote_out.iter().zip(&local_out).enumerate() {
         let t = r.trajectory.as_ref().expect("the remote episode finished");
         assert_eq!(t.steps.len(), TURNS, "episode {i} is multi-turn");
-        assert_eq!(r.sample, l.sample, "episode {i}: remote and in-process tokens differ");
+        assert_eq!(
+            r.sample, l.sample,
+            "episode {i}: remote and in-process tokens differ"
+        );
     }
 
     // Without the token the server refuses the episode, and the rollout reports it.
@@ -137,5 +165,8 @@ fn remote_episodes_match_in_process_ones() {
         vec![Box::new(RemoteEnv::new(bad)) as Box<dyn Environment>];
     let out = run(&mut envs, &Bridge::new());
     let err = out[0].trajectory.as_ref().unwrap_err();
-    assert!(err.contains("reset") || err.contains("401") || err.contains("token"), "{err}");
+    assert!(
+        err.contains("reset") || err.contains("401") || err.contains("token"),
+        "{err}"
+    );
 }

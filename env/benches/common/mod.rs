@@ -90,4 +90,3 @@ pub fn episode(env: &mut dyn Environment, index: usize, tally: &Mutex<Tally>) {
         }
     }
 }
-

@@ -93,11 +93,7 @@ impl<B: ModelBackend> Backward<B, 2> for DenseLinear {
 struct Attention;
 
 /// What attention's backward pass needs: queries, keys, values, output, log-sum-exp, layout.
-type AttentionState<B> = (
-    [FloatTensor<B>; 5],
-    Vec<Span>,
-    Heads,
-);
+type AttentionState<B> = ([FloatTensor<B>; 5], Vec<Span>, Heads);
 
 impl<B: ModelBackend> Backward<B, 3> for Attention {
     type State = AttentionState<B>;
@@ -105,8 +101,7 @@ impl<B: ModelBackend> Backward<B, 3> for Attention {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let ([q, k, v, out, lse], spans, heads) = ops.state;
         let grad = grads.consume::<B>(&ops.node);
-        let (dq, dk, dv) =
-            B::attention_backward(q, k, v, out, lse, grad, &spans, heads);
+        let (dq, dk, dv) = B::attention_backward(q, k, v, out, lse, grad, &spans, heads);
         let [pq, pk, pv] = ops.parents;
         for (parent, g) in [(pq, dq), (pk, dk), (pv, dv)] {
             if let Some(node) = parent {
@@ -192,14 +187,9 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                 );
                 prep.finish((codes, absmax, table, rows, cols), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::nf4_linear(
-                x.primitive,
-                codes,
-                absmax,
-                table,
-                rows,
-                cols,
-            )),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::nf4_linear(x.primitive, codes, absmax, table, rows, cols))
+            }
         }
     }
 
@@ -215,10 +205,9 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         let (out, lse) = B::packed_attention(qp.clone(), kp.clone(), vp.clone(), spans, heads);
         let lse_out = <Self as burn::tensor::backend::AutodiffBackend>::from_inner(lse.clone());
         let out = match Attention.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish(
-                ([qp, kp, vp, out.clone(), lse], spans.to_vec(), heads),
-                out,
-            ),
+            OpsKind::Tracked(prep) => {
+                prep.finish(([qp, kp, vp, out.clone(), lse], spans.to_vec(), heads), out)
+            }
             OpsKind::UnTracked(prep) => prep.finish(out),
         };
         (out, lse_out)

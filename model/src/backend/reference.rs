@@ -318,17 +318,15 @@ pub fn attention_backward_with_budget<B: Backend>(
             let ds = (probs * (dp - delta.clone().narrow(2, first, n)))
                 .mul_scalar(heads.scale())
                 .reshape([kvh, group * n, visible]);
-            dq.push(
-                ds.clone()
-                    .matmul(kb)
-                    .reshape([kvh, group, n, d]),
-            );
-            let dk_part = ds
-                .swap_dims(1, 2)
-                .matmul(qb.reshape([kvh, group * n, d]));
+            dq.push(ds.clone().matmul(kb).reshape([kvh, group, n, d]));
+            let dk_part = ds.swap_dims(1, 2).matmul(qb.reshape([kvh, group * n, d]));
             let range = [0..kvh, 0..visible, 0..d];
-            dk = dk.clone().slice_assign(range.clone(), dk.slice(range.clone()) + dk_part);
-            dv = dv.clone().slice_assign(range.clone(), dv.slice(range) + dv_part);
+            dk = dk
+                .clone()
+                .slice_assign(range.clone(), dk.slice(range.clone()) + dk_part);
+            dv = dv
+                .clone()
+                .slice_assign(range.clone(), dv.slice(range) + dv_part);
             first += n;
         }
         dqs.push(join_queries(Tensor::cat(dq, 2)));
@@ -434,7 +432,9 @@ pub fn token_logprobs_backward<B: ModelBackend>(
         } else {
             dz.narrow(1, 0, vocab)
         };
-        parts.push(float::<B, 2>(head.backward(prim(dz.div_scalar(temperature)))));
+        parts.push(float::<B, 2>(
+            head.backward(prim(dz.div_scalar(temperature))),
+        ));
         start += len;
     }
     prim(Tensor::cat(parts, 0))

@@ -44,7 +44,10 @@ fn every_shipped_recipe_parses_and_validates() {
         }
     }
     seen.sort();
-    assert_eq!(seen, ["a100.ron", "laptop.ron", "tiny-grpo.ron", "tiny.ron"]);
+    assert_eq!(
+        seen,
+        ["a100.ron", "laptop.ron", "tiny-grpo.ron", "tiny.ron"]
+    );
     // The recipe that made tiny-grpo.ron's starting adapter.
     let sft = recipes_dir().join("../fixtures/tiny-sft-needle/sft.ron");
     let plan = Plan::load(&sft).unwrap_or_else(|e| panic!("{e}"));
@@ -282,12 +285,19 @@ fn a_starting_adapter_needs_lora_tuning() {
         plan.model.adapter.as_deref(),
         Some(std::path::Path::new("runs/sft/adapter"))
     );
-    assert_eq!(Plan::from_text(&tiny(), "tiny.ron").unwrap().model.adapter, None);
+    assert_eq!(
+        Plan::from_text(&tiny(), "tiny.ron").unwrap().model.adapter,
+        None
+    );
     let start = text.find("        tuning: Lora(").unwrap();
     let end = start + text[start..].find("        ),\n").unwrap() + "        ),\n".len();
     let mut full = text.clone();
     full.replace_range(start..end, "        tuning: Full,\n");
-    assert_names(&error(&full), "model.adapter", line_of_text(&full, "adapter: Some"));
+    assert_names(
+        &error(&full),
+        "model.adapter",
+        line_of_text(&full, "adapter: Some"),
+    );
 }
 
 #[test]

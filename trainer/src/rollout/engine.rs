@@ -214,7 +214,9 @@ fn drive(
     while !done {
         match actions.recv() {
             Ok(ToEnv::Step(text)) => {
-                let result = env.step(AgentAction::Message(text)).map_err(|e| e.to_string());
+                let result = env
+                    .step(AgentAction::Message(text))
+                    .map_err(|e| e.to_string());
                 if let Err(e) = &result {
                     // End the episode with the error, so its record says why.
                     let _ = env.abort(&format!("the environment failed: {e}"));
@@ -311,9 +313,7 @@ impl<B: ModelBackend> Engine<'_, B> {
     }
 
     fn alloc_row(&mut self) -> usize {
-        self.free_rows
-            .pop()
-            .unwrap_or_else(|| self.cache.add_row())
+        self.free_rows.pop().unwrap_or_else(|| self.cache.add_row())
     }
 
     fn free_row(&mut self, row: usize) -> Result<(), RolloutError> {
@@ -348,7 +348,10 @@ impl<B: ModelBackend> Engine<'_, B> {
             return Ok(());
         }
         let t = Instant::now();
-        let refs: Vec<(usize, &[u32])> = segments.iter().map(|(r, ids)| (*r, ids.as_slice())).collect();
+        let refs: Vec<(usize, &[u32])> = segments
+            .iter()
+            .map(|(r, ids)| (*r, ids.as_slice()))
+            .collect();
         let logits = fathom_model::prefill(self.model, &mut self.cache, &refs, self.device)?;
         self.stats.prefill_tokens += segments.iter().map(|(_, ids)| ids.len()).sum::<usize>();
         self.stats.forward_passes += 1;
@@ -389,7 +392,10 @@ impl<B: ModelBackend> Engine<'_, B> {
         let mut segments: Vec<(usize, Vec<u32>)> = Vec::new();
         for (i, ep) in self.episodes.iter_mut().enumerate() {
             if ep.phase == Phase::Generating && !ep.pending.is_empty() {
-                segments.push((ep.row.expect("a generating episode has a row"), std::mem::take(&mut ep.pending)));
+                segments.push((
+                    ep.row.expect("a generating episode has a row"),
+                    std::mem::take(&mut ep.pending),
+                ));
                 owners.push(Owner::Episode(i));
             }
         }
@@ -405,7 +411,10 @@ impl<B: ModelBackend> Engine<'_, B> {
             return Ok(false);
         }
         let t = Instant::now();
-        let refs: Vec<(usize, &[u32])> = segments.iter().map(|(r, ids)| (*r, ids.as_slice())).collect();
+        let refs: Vec<(usize, &[u32])> = segments
+            .iter()
+            .map(|(r, ids)| (*r, ids.as_slice()))
+            .collect();
         let logits = fathom_model::prefill(self.model, &mut self.cache, &refs, self.device)?;
         self.stats.forward_passes += 1;
         self.stats.prefill_tokens += segments.iter().map(|(_, ids)| ids.len()).sum::<usize>();
@@ -448,7 +457,8 @@ impl<B: ModelBackend> Engine<'_, B> {
         ep.turn.push(token);
         ep.generated += 1;
         self.stats.generated_tokens += 1;
-        self.observer.event(RolloutEvent::Token { episode: i, token });
+        self.observer
+            .event(RolloutEvent::Token { episode: i, token });
         let ep = &mut self.episodes[i];
         let ended = token == eot;
         if !ended && ep.sample.ids.len() >= max_episode {
@@ -540,7 +550,8 @@ impl<B: ModelBackend> Engine<'_, B> {
                     ep.phase = Phase::Ready;
                     if ep.sample.ids.len() >= self.settings.max_episode_tokens {
                         ep.phase = Phase::Generating; // so the abort below takes effect
-                        return self.abort(episode, "the prompt exceeds the episode's token budget");
+                        return self
+                            .abort(episode, "the prompt exceeds the episode's token budget");
                     }
                     return Ok(());
                 }
@@ -561,8 +572,12 @@ impl<B: ModelBackend> Engine<'_, B> {
                     return self.abort(episode, "the episode reached its token budget");
                 }
                 ep.sample.ids.extend(&segment);
-                ep.sample.sampled.extend(std::iter::repeat_n(false, segment.len()));
-                ep.sample.logprobs.extend(std::iter::repeat_n(0.0, segment.len()));
+                ep.sample
+                    .sampled
+                    .extend(std::iter::repeat_n(false, segment.len()));
+                ep.sample
+                    .logprobs
+                    .extend(std::iter::repeat_n(0.0, segment.len()));
                 ep.pending = segment;
                 ep.turn.clear();
                 ep.phase = Phase::Generating;
@@ -598,7 +613,9 @@ impl<B: ModelBackend> Engine<'_, B> {
         let ids = match ids {
             Ok(ids) if ids.len() < self.settings.max_episode_tokens => ids,
             Ok(_) => {
-                let _ = request.reply.send(Err("the prompt exceeds the token budget".into()));
+                let _ = request
+                    .reply
+                    .send(Err("the prompt exceeds the token budget".into()));
                 return Ok(());
             }
             Err(e) => {
@@ -608,9 +625,9 @@ impl<B: ModelBackend> Engine<'_, B> {
         };
         self.stats.sub_calls += 1;
         // A stream from the prompt itself, so answers do not depend on arrival order.
-        let stream = ids
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, &t| (h ^ t as u64).wrapping_mul(0x100_0000_01b3));
+        let stream = ids.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| {
+            (h ^ t as u64).wrapping_mul(0x100_0000_01b3)
+        });
         let row = self.alloc_row();
         let sub = SubRow {
             row,

@@ -363,7 +363,11 @@ mod tests {
             .collect();
         assert!(distinct.len() > 30, "{}", distinct.len());
         assert!(styles.iter().any(|s| s.windows) && styles.iter().any(|s| !s.windows));
-        let none = (0..100).all(|_| Style::draw(&mut rng, Family::Compare, 0.0, true).detour.is_none());
+        let none = (0..100).all(|_| {
+            Style::draw(&mut rng, Family::Compare, 0.0, true)
+                .detour
+                .is_none()
+        });
         assert!(none);
     }
 }

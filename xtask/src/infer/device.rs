@@ -33,13 +33,12 @@ fn wgpu_adapter() -> Result<String> {
         backends: api.into(),
         ..wgpu::InstanceDescriptor::new_without_display_handle()
     });
-    let adapter = futures_lite::future::block_on(instance.request_adapter(
-        &wgpu::RequestAdapterOptions {
+    let adapter =
+        futures_lite::future::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             force_fallback_adapter: false,
             compatible_surface: None,
-        },
-    ));
+        }));
     match adapter {
         Ok(adapter) => {
             let info = adapter.get_info();

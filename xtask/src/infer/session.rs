@@ -308,7 +308,10 @@ impl<B: ModelBackend> Session<B> {
             Some(a) => format!("{name} + adapter {}", a.display()),
             None => name,
         };
-        let quantized = if options.nf4 || matches!(plan.model.quantization, Quantization::Nf4 { .. }) && options.model.is_none() {
+        let quantized = if options.nf4
+            || matches!(plan.model.quantization, Quantization::Nf4 { .. })
+                && options.model.is_none()
+        {
             ", NF4"
         } else {
             ""
@@ -406,7 +409,9 @@ impl<B: ModelBackend> Session<B> {
         });
         let end = match &trajectory.end_reason {
             EndReason::Answered => "answered".to_string(),
-            EndReason::IterationCap => format!("no answer within {} turns", self.plan.env.max_turns),
+            EndReason::IterationCap => {
+                format!("no answer within {} turns", self.plan.env.max_turns)
+            }
             EndReason::Error { message } => format!("stopped: {message}"),
         };
         let reward = match &request.task {

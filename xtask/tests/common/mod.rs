@@ -88,7 +88,10 @@ pub fn scripted_model(dir: &Path) {
     all.extend(&answer);
     let distinct: std::collections::BTreeSet<u32> = all.iter().copied().collect();
     assert_eq!(distinct.len(), all.len(), "script tokens repeat: {all:?}");
-    assert!(all.len() < MARKER_DIM, "too many script tokens for the hidden size");
+    assert!(
+        all.len() < MARKER_DIM,
+        "too many script tokens for the hidden size"
+    );
     let dim: BTreeMap<u32, usize> = all.iter().enumerate().map(|(i, &t)| (t, i)).collect();
 
     let mut embed = vec![0f32; vocab * HIDDEN];
@@ -129,24 +132,72 @@ pub fn scripted_model(dir: &Path) {
     let zeros = |n: usize| vec![0f32; n];
 
     let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = vec![
-        ("model.embed_tokens.weight".into(), vec![vocab, HIDDEN], embed),
+        (
+            "model.embed_tokens.weight".into(),
+            vec![vocab, HIDDEN],
+            embed,
+        ),
         ("lm_head.weight".into(), vec![vocab, HIDDEN], head),
         ("model.norm.weight".into(), vec![HIDDEN], ones.clone()),
     ];
     let l = "model.layers.0";
     tensors.extend([
-        (format!("{l}.input_layernorm.weight"), vec![HIDDEN], ones.clone()),
-        (format!("{l}.post_attention_layernorm.weight"), vec![HIDDEN], ones.clone()),
-        (format!("{l}.self_attn.q_proj.weight"), vec![HIDDEN, HIDDEN], zeros(HIDDEN * HIDDEN)),
+        (
+            format!("{l}.input_layernorm.weight"),
+            vec![HIDDEN],
+            ones.clone(),
+        ),
+        (
+            format!("{l}.post_attention_layernorm.weight"),
+            vec![HIDDEN],
+            ones.clone(),
+        ),
+        (
+            format!("{l}.self_attn.q_proj.weight"),
+            vec![HIDDEN, HIDDEN],
+            zeros(HIDDEN * HIDDEN),
+        ),
         (format!("{l}.self_attn.q_proj.bias"), vec![HIDDEN], q_bias),
-        (format!("{l}.self_attn.k_proj.weight"), vec![HIDDEN, HIDDEN], k),
-        (format!("{l}.self_attn.k_proj.bias"), vec![HIDDEN], zeros(HIDDEN)),
-        (format!("{l}.self_attn.v_proj.weight"), vec![HIDDEN, HIDDEN], v),
-        (format!("{l}.self_attn.v_proj.bias"), vec![HIDDEN], zeros(HIDDEN)),
-        (format!("{l}.self_attn.o_proj.weight"), vec![HIDDEN, HIDDEN], o),
-        (format!("{l}.mlp.gate_proj.weight"), vec![inter, HIDDEN], zeros(inter * HIDDEN)),
-        (format!("{l}.mlp.up_proj.weight"), vec![inter, HIDDEN], zeros(inter * HIDDEN)),
-        (format!("{l}.mlp.down_proj.weight"), vec![HIDDEN, inter], zeros(inter * HIDDEN)),
+        (
+            format!("{l}.self_attn.k_proj.weight"),
+            vec![HIDDEN, HIDDEN],
+            k,
+        ),
+        (
+            format!("{l}.self_attn.k_proj.bias"),
+            vec![HIDDEN],
+            zeros(HIDDEN),
+        ),
+        (
+            format!("{l}.self_attn.v_proj.weight"),
+            vec![HIDDEN, HIDDEN],
+            v,
+        ),
+        (
+            format!("{l}.self_attn.v_proj.bias"),
+            vec![HIDDEN],
+            zeros(HIDDEN),
+        ),
+        (
+            format!("{l}.self_attn.o_proj.weight"),
+            vec![HIDDEN, HIDDEN],
+            o,
+        ),
+        (
+            format!("{l}.mlp.gate_proj.weight"),
+            vec![inter, HIDDEN],
+            zeros(inter * HIDDEN),
+        ),
+        (
+            format!("{l}.mlp.up_proj.weight"),
+            vec![inter, HIDDEN],
+            zeros(inter * HIDDEN),
+        ),
+        (
+            format!("{l}.mlp.down_proj.weight"),
+            vec![HIDDEN, inter],
+            zeros(inter * HIDDEN),
+        ),
     ]);
     std::fs::create_dir_all(dir).unwrap();
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
@@ -155,7 +206,12 @@ pub fn scripted_model(dir: &Path) {
         .collect();
     let views: Vec<(String, TensorView<'_>)> = bytes
         .iter()
-        .map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
 
