@@ -148,24 +148,38 @@ fn cached_decoding_on_wgpu_matches_the_cpu() {
     }
 }
 
+/// A deterministic head weight `[rows, cols]` and input `[m, cols]` on `B`'s default device.
+fn head_and_input<B: fathom_model::ModelBackend>(
+    rows: usize,
+    cols: usize,
+    m: usize,
+) -> (
+    burn::tensor::ops::FloatTensor<B>,
+    burn::tensor::ops::FloatTensor<B>,
+) {
+    use burn::tensor::{Tensor, TensorData};
+    let device = Default::default();
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
+        .collect();
+    let x: Vec<f32> = (0..m * cols)
+        .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+        .collect();
+    let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
+    let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device);
+    (w.into_primitive().tensor(), x.into_primitive().tensor())
+}
+
 /// Regression: the output head over a vocabulary wider than wgpu's 65,535 workgroups per
 /// dispatch dimension (Qwen2.5's 151,936) computes every logit on wgpu, as on the CPU.
 #[test]
 fn head_over_a_large_vocabulary_matches_the_cpu() {
-    use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+    use burn::tensor::{Tensor, TensorPrimitive};
     use fathom_model::ModelBackend;
 
     fn head<B: ModelBackend>(rows: usize, cols: usize, m: usize) -> Vec<f32> {
-        let device = Default::default();
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
-            .collect();
-        let x: Vec<f32> = (0..m * cols)
-            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
-            .collect();
-        let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
-        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device);
-        let y = B::dense_linear(x.into_primitive().tensor(), w.into_primitive().tensor());
+        let (w, x) = head_and_input::<B>(rows, cols, m);
+        let y = B::dense_linear(x, w);
         Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(y))
             .into_data()
             .to_vec()
@@ -252,19 +266,10 @@ fn token_logprobs_over_an_odd_large_vocabulary_match_the_cpu() {
 
     fn run<B: ModelBackend>(rows: usize, cols: usize, m: usize) -> (Vec<f32>, Vec<f32>) {
         let device = Default::default();
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5)
-            .collect();
-        let x: Vec<f32> = (0..m * cols)
-            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
-            .collect();
+        let (w, x) = head_and_input::<B>(rows, cols, m);
+        let head = Head::<B>::Dense(w);
         let t: Vec<i64> = (0..m).map(|i| ((i * 40_009 + 3) % rows) as i64).collect();
         let g: Vec<f32> = (0..m * 2).map(|i| 0.5 - (i % 3) as f32 * 0.25).collect();
-        let w = Tensor::<B, 2>::from_data(TensorData::new(w, [rows, cols]), &device);
-        let head = Head::<B>::Dense(w.into_primitive().tensor());
-        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [m, cols]), &device)
-            .into_primitive()
-            .tensor();
         let t = Tensor::<B, 1, Int>::from_data(TensorData::new(t, [m]), &device).into_primitive();
         let g = Tensor::<B, 2>::from_data(TensorData::new(g, [m, 2]), &device)
             .into_primitive()
