@@ -250,7 +250,7 @@ pub fn train_step<B: ModelBackend>(
         "system": "fathom", "tokens": bench.tokens, "nf4": bench.nf4,
         "checkpointing": bench.checkpointing, "chunk": bench.chunk,
         "params": model.num_weights(),
-        "lora_params": burn::module::Module::num_params(&model),
+        "lora_params": model.num_trainable(),
         "step_s": median(times.clone()), "steps_s": times,
         "build_s": build_s, "rss_after_build_mb": rss_built, "peak_rss_mb": peak_rss_mb(),
     }))

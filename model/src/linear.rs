@@ -1,11 +1,13 @@
-//! The one linear abstraction every projection uses: a frozen base (dense or NF4), an optional
-//! frozen bias, and an optional trainable LoRA adapter — `y = base(x) + bias + lora(x)`.
+//! The one linear abstraction every projection uses: a base (dense or NF4), an optional bias,
+//! and an optional trainable LoRA adapter — `y = base(x) + bias + lora(x)`.
 //!
-//! The base and bias are plain tensors, not `Param`s: burn treats them as constants, so they
-//! never receive gradients, never reach an optimizer and never appear in a record. Only the
-//! adapter's `lora_a` / `lora_b` are parameters.
+//! A dense base and the bias are [`frozen`] parameters: `Param`s whose tensors do not require
+//! gradients, so they receive none and an optimiser leaves them as they are, until
+//! [`crate::Qwen2ForCausalLM::into_full_tuning`] marks them trainable (full fine-tuning). An NF4
+//! base is packed constants and is never trained. With a LoRA adapter, the adapter's `lora_a` /
+//! `lora_b` are the only parameters that require gradients.
 
-use burn::module::Module;
+use burn::module::{Module, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
@@ -76,11 +78,16 @@ impl<B: ModelBackend> Nf4Weight<B> {
     }
 }
 
-/// The frozen base weight of a projection, `[out_features, in_features]` as in PyTorch.
+/// `tensor` as a parameter that does not require gradients (a frozen base weight).
+pub fn frozen<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Param<Tensor<B, D>> {
+    Param::initialized(ParamId::new(), tensor.set_require_grad(false))
+}
+
+/// The base weight of a projection, `[out_features, in_features]` as in PyTorch.
 #[derive(Module, Debug)]
 pub enum BaseWeight<B: Backend> {
-    /// A dense f32 weight.
-    Dense(Tensor<B, 2>),
+    /// A dense f32 (or bf16) weight: frozen, or trainable under full fine-tuning.
+    Dense(Param<Tensor<B, 2>>),
     /// A packed NF4 weight.
     Nf4(Nf4Weight<B>),
 }
@@ -90,8 +97,8 @@ pub enum BaseWeight<B: Backend> {
 pub struct Linear<B: Backend> {
     /// The base weight.
     pub weight: BaseWeight<B>,
-    /// The bias (`q_proj`, `k_proj` and `v_proj` have one in Qwen2).
-    pub bias: Option<Tensor<B, 1>>,
+    /// The bias (`q_proj`, `k_proj` and `v_proj` have one in Qwen2); frozen like the base.
+    pub bias: Option<Param<Tensor<B, 1>>>,
     /// The adapter, when one is attached.
     pub lora: Option<Lora<B>>,
 }
@@ -100,8 +107,8 @@ impl<B: Backend> Linear<B> {
     /// A projection with a dense base.
     pub fn dense(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Self {
         Self {
-            weight: BaseWeight::Dense(weight),
-            bias,
+            weight: BaseWeight::Dense(frozen(weight)),
+            bias: bias.map(frozen),
             lora: None,
         }
     }
@@ -109,7 +116,7 @@ impl<B: Backend> Linear<B> {
     /// `[out_features, in_features]`.
     pub fn shape(&self) -> [usize; 2] {
         match &self.weight {
-            BaseWeight::Dense(w) => w.dims(),
+            BaseWeight::Dense(w) => w.val().dims(),
             BaseWeight::Nf4(w) => [w.rows, w.cols],
         }
     }
@@ -129,7 +136,7 @@ impl<B: ModelBackend> Linear<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let mut y = self.base_forward(x.clone());
         if let Some(bias) = &self.bias {
-            y = y + bias.clone().unsqueeze_dim(0);
+            y = y + bias.val().unsqueeze_dim(0);
         }
         if let Some(lora) = &self.lora {
             y = y + lora.forward(x);
@@ -146,7 +153,7 @@ impl<B: ModelBackend> Linear<B> {
             BaseWeight::Dense(w) => {
                 Tensor::from_primitive(TensorPrimitive::Float(B::dense_linear(
                     x.into_primitive().tensor(),
-                    w.clone().into_primitive().tensor(),
+                    w.val().into_primitive().tensor(),
                 )))
             }
             BaseWeight::Nf4(w) => Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
@@ -163,7 +170,7 @@ impl<B: ModelBackend> Linear<B> {
     /// The base weight as a dense `[out, in]` tensor (dequantized if NF4).
     pub fn dense_weight(&self) -> Tensor<B, 2> {
         match &self.weight {
-            BaseWeight::Dense(w) => w.clone(),
+            BaseWeight::Dense(w) => w.val(),
             BaseWeight::Nf4(w) => w.dequantize(),
         }
     }
@@ -174,7 +181,7 @@ impl<B: ModelBackend> Linear<B> {
         let Some(lora) = &self.lora else { return self };
         let merged = self.dense_weight() + lora.delta_weight();
         Self {
-            weight: BaseWeight::Dense(merged),
+            weight: BaseWeight::Dense(frozen(merged)),
             bias: self.bias,
             lora: None,
         }

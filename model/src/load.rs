@@ -16,7 +16,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::inputs::RotaryEmbedding;
-use crate::linear::{BaseWeight, Linear, Nf4Weight};
+use crate::linear::{BaseWeight, Linear, Nf4Weight, frozen};
 use crate::nf4::format::{BLOCK, NF4_CODE, dequantize_absmax};
 use crate::qwen2::{
     Attention, DecoderLayer, Embedding, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
@@ -72,7 +72,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
          -> Result<Linear<B>> {
             let weight = load_base::<B>(&ck, path, rows, cols, quantize, device)?;
             let bias = if bias {
-                Some(vector(&format!("{path}.bias"), rows)?)
+                Some(frozen(vector(&format!("{path}.bias"), rows)?))
             } else {
                 None
             };
@@ -109,11 +109,14 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
                     down_proj: mlp("down_proj", hidden, inter)?,
                 },
                 input_layernorm: RmsNorm {
-                    weight: vector(&format!("{p}.input_layernorm.weight"), hidden)?,
+                    weight: frozen(vector(&format!("{p}.input_layernorm.weight"), hidden)?),
                     eps: config.rms_norm_eps,
                 },
                 post_attention_layernorm: RmsNorm {
-                    weight: vector(&format!("{p}.post_attention_layernorm.weight"), hidden)?,
+                    weight: frozen(vector(
+                        &format!("{p}.post_attention_layernorm.weight"),
+                        hidden,
+                    )?),
                     eps: config.rms_norm_eps,
                 },
             });
@@ -157,7 +160,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
             )?,
             layers,
             norm: RmsNorm {
-                weight: vector("model.norm.weight", hidden)?,
+                weight: frozen(vector("model.norm.weight", hidden)?),
                 eps: config.rms_norm_eps,
             },
             rotary_emb: RotaryEmbedding::new(&config, device),
@@ -316,7 +319,7 @@ fn build<B: ModelBackend>(
             let host = draw(rows * cols, Init::Weight);
             BaseWeight::Nf4(Nf4Weight::quantize(&host, rows, cols, device))
         } else {
-            BaseWeight::Dense(tensor2(rows, cols))
+            BaseWeight::Dense(frozen(tensor2(rows, cols)))
         }
     };
     let mut layers_raw = Vec::new();
@@ -371,7 +374,7 @@ fn build<B: ModelBackend>(
     let (qkv_bias, o_bias, mlp_bias) = (config.qkv_bias(), config.o_bias(), config.mlp_bias());
     let linear = |weight: BaseWeight<B>, bias: Option<Tensor<B, 1>>| Linear {
         weight,
-        bias,
+        bias: bias.map(frozen),
         lora: None,
     };
     let layers = layers_raw
@@ -392,17 +395,17 @@ fn build<B: ModelBackend>(
                 down_proj: linear(dn, mlp_bias.then(|| vector(hidden, Init::Bias))),
             },
             input_layernorm: RmsNorm {
-                weight: vector(hidden, Init::Norm),
+                weight: frozen(vector(hidden, Init::Norm)),
                 eps,
             },
             post_attention_layernorm: RmsNorm {
-                weight: vector(hidden, Init::Norm),
+                weight: frozen(vector(hidden, Init::Norm)),
                 eps,
             },
         })
         .collect();
     let norm = RmsNorm {
-        weight: vector(hidden, Init::Norm),
+        weight: frozen(vector(hidden, Init::Norm)),
         eps,
     };
     Qwen2ForCausalLM {
@@ -448,10 +451,10 @@ fn load_base<B: Backend>(
             &values, rows, cols, device,
         )))
     } else {
-        Ok(BaseWeight::Dense(Tensor::from_data(
+        Ok(BaseWeight::Dense(frozen(Tensor::from_data(
             TensorData::new(values, [rows, cols]),
             device,
-        )))
+        ))))
     }
 }
 

@@ -376,7 +376,7 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
 /// A cheap stand-in used while a projection is moved out and merged.
 fn placeholder<B: Backend>(p: &crate::linear::Linear<B>) -> crate::linear::Linear<B> {
     let device = match &p.weight {
-        crate::linear::BaseWeight::Dense(w) => w.device(),
+        crate::linear::BaseWeight::Dense(w) => w.val().device(),
         crate::linear::BaseWeight::Nf4(w) => w.absmax.device(),
     };
     crate::linear::Linear::dense(Tensor::zeros([1, 1], &device), None)

@@ -9,7 +9,7 @@
 //! looks at sequences separately ([`ModelBackend::packed_attention`]). Everything is computed in f32;
 //! the embedding table may stay bf16 (rows are widened as they are gathered).
 
-use burn::module::Module;
+use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorPrimitive};
@@ -19,7 +19,7 @@ use crate::cache::KvCache;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::inputs::{RotaryEmbedding, Segment, StepInput};
-use crate::linear::{BaseWeight, Linear};
+use crate::linear::{BaseWeight, Linear, frozen};
 
 /// Token embeddings `[vocab, hidden]`, held as consecutive row blocks.
 ///
@@ -29,16 +29,16 @@ use crate::linear::{BaseWeight, Linear};
 /// holds as many whole rows as fit ([`Embedding::from_data`]).
 #[derive(Module, Debug)]
 pub struct Embedding<B: Backend> {
-    /// The row blocks, in vocabulary order (frozen): f32, or bf16 on backends that keep it
-    /// ([`ModelBackend::KEEPS_BF16`]) when the checkpoint stores it so.
-    pub blocks: Vec<Tensor<B, 2>>,
+    /// The row blocks, in vocabulary order ([`frozen`] unless fully fine-tuned): f32, or bf16
+    /// on backends that keep it ([`ModelBackend::KEEPS_BF16`]) when the checkpoint stores it so.
+    pub blocks: Vec<Param<Tensor<B, 2>>>,
 }
 
 impl<B: Backend> Embedding<B> {
     /// An embedding of one block.
     pub fn new(weight: Tensor<B, 2>) -> Self {
         Self {
-            blocks: vec![weight],
+            blocks: vec![frozen(weight)],
         }
     }
 
@@ -61,10 +61,10 @@ impl<B: Backend> Embedding<B> {
             .map(|start| {
                 let n = per_block.min(rows - start);
                 let part = bytes[start * row_bytes..(start + n) * row_bytes].to_vec();
-                Tensor::from_data(
+                frozen(Tensor::from_data(
                     burn::tensor::TensorData::from_bytes_vec(part, [n, cols], data.dtype),
                     device,
-                )
+                ))
             })
             .collect();
         Self { blocks }
@@ -72,15 +72,15 @@ impl<B: Backend> Embedding<B> {
 
     /// Vocabulary size (rows over all blocks).
     pub fn rows(&self) -> usize {
-        self.blocks.iter().map(|b| b.dims()[0]).sum()
+        self.blocks.iter().map(|b| b.val().dims()[0]).sum()
     }
 
     /// The whole table as one tensor (for saving; on a backend that bounds buffers below its
     /// size, this allocation fails as loading it whole would have).
     pub fn weight(&self) -> Tensor<B, 2> {
         match self.blocks.as_slice() {
-            [one] => one.clone(),
-            blocks => Tensor::cat(blocks.to_vec(), 0),
+            [one] => one.val(),
+            blocks => Tensor::cat(blocks.iter().map(Param::val).collect(), 0),
         }
     }
 
@@ -94,19 +94,19 @@ impl<B: Backend> Embedding<B> {
             _ => rows.cast(DType::F32),
         };
         if let [one] = self.blocks.as_slice() {
-            return widen(one.clone().select(0, ids));
+            return widen(one.val().select(0, ids));
         }
         // Each block gathers the ids in its range (others clamped into it, then zeroed).
         let mut start = 0i64;
         let mut sum: Option<Tensor<B, 2>> = None;
-        for block in &self.blocks {
+        for block in self.blocks.iter().map(Param::val) {
             let n = block.dims()[0] as i64;
             let inside = ids
                 .clone()
                 .greater_equal_elem(start)
                 .bool_and(ids.clone().lower_elem(start + n));
             let local = (ids.clone() - start).clamp(0, n - 1);
-            let rows = widen(block.clone().select(0, local)) * inside.float().unsqueeze_dim::<2>(1);
+            let rows = widen(block.select(0, local)) * inside.float().unsqueeze_dim::<2>(1);
             sum = Some(match sum {
                 Some(s) => s + rows,
                 None => rows,
@@ -120,8 +120,8 @@ impl<B: Backend> Embedding<B> {
 /// RMSNorm computed in f32: `x / sqrt(mean(x²) + eps) · weight`.
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
-    /// Per-channel gain (frozen).
-    pub weight: Tensor<B, 1>,
+    /// Per-channel gain ([`frozen`] unless fully fine-tuned).
+    pub weight: Param<Tensor<B, 1>>,
     /// Epsilon inside the square root.
     pub eps: f64,
 }
@@ -132,7 +132,7 @@ impl<B: Backend> RmsNorm<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let variance = x.clone().powi_scalar(2).mean_dim(1);
         let normed = x * (variance + self.eps).sqrt().recip();
-        normed * self.weight.clone().unsqueeze::<2>()
+        normed * self.weight.val().unsqueeze::<2>()
     }
 }
 
@@ -312,7 +312,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
 
     /// The output head: `lm_head`, or the embedding matrix when they are tied.
     pub fn head(&self) -> Head<B> {
-        let prim = |t: &Tensor<B, 2>| t.clone().into_primitive().tensor();
+        let prim = |t: &Param<Tensor<B, 2>>| t.val().into_primitive().tensor();
         match &self.lm_head {
             None => match self.model.embed_tokens.blocks.as_slice() {
                 [one] => Head::Dense(prim(one)),
@@ -470,14 +470,15 @@ impl<B: Backend> Qwen2ForCausalLM<B> {
     /// Number of weights in the model (NF4 weights counted by their logical size).
     pub fn num_weights(&self) -> usize {
         let embed = &self.model.embed_tokens;
-        let mut n = embed.rows() * embed.blocks[0].dims()[1];
-        n += self.model.norm.weight.dims()[0];
+        let mut n = embed.rows() * embed.blocks[0].val().dims()[1];
+        let width = |norm: &RmsNorm<B>| norm.weight.val().dims()[0];
+        n += width(&self.model.norm);
         for l in &self.model.layers {
-            n += l.input_layernorm.weight.dims()[0] + l.post_attention_layernorm.weight.dims()[0];
+            n += width(&l.input_layernorm) + width(&l.post_attention_layernorm);
         }
         for (_, p) in self.projections() {
             let [o, i] = p.shape();
-            n += o * i + p.bias.as_ref().map(|b| b.dims()[0]).unwrap_or(0);
+            n += o * i + p.bias.as_ref().map(|b| b.val().dims()[0]).unwrap_or(0);
             if let Some(l) = &p.lora {
                 n += l.rank() * (o + i);
             }
@@ -510,7 +511,7 @@ mod tests {
         let blocked = Embedding::<Cpu>::from_data(table(rows, cols), Some(10 * 8 * 4 + 7), &device);
         assert_eq!(whole.blocks.len(), 1);
         assert_eq!(blocked.blocks.len(), 11);
-        assert_eq!(blocked.blocks[10].dims(), [3, 8]);
+        assert_eq!(blocked.blocks[10].val().dims(), [3, 8]);
         assert_eq!(blocked.rows(), rows);
         assert_eq!(blocked.weight().into_data(), whole.weight().into_data());
 
@@ -522,8 +523,8 @@ mod tests {
         );
 
         let prim = |t: &Tensor<Cpu, 2>| t.clone().into_primitive().tensor();
-        let one = Head::<Cpu>::Dense(prim(&whole.blocks[0]));
-        let many = Head::<Cpu>::Blocks(blocked.blocks.iter().map(prim).collect());
+        let one = Head::<Cpu>::Dense(prim(&whole.blocks[0].val()));
+        let many = Head::<Cpu>::Blocks(blocked.blocks.iter().map(|b| prim(&b.val())).collect());
         let x: Vec<f32> = (0..3 * cols).map(|i| (i as f32 * 0.37).sin()).collect();
         let x = Tensor::<Cpu, 2>::from_data(TensorData::new(x, [3, cols]), &device);
         let float = |t| Tensor::<Cpu, 2>::from_primitive(TensorPrimitive::Float(t)).into_data();

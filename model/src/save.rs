@@ -68,19 +68,19 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
         )?];
         tensors.push(out_tensor(
             "model.norm.weight",
-            self.model.norm.weight.clone(),
+            self.model.norm.weight.val(),
             dtype,
         )?);
         for (i, layer) in self.model.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
             tensors.push(out_tensor(
                 &format!("{p}.input_layernorm.weight"),
-                layer.input_layernorm.weight.clone(),
+                layer.input_layernorm.weight.val(),
                 dtype,
             )?);
             tensors.push(out_tensor(
                 &format!("{p}.post_attention_layernorm.weight"),
-                layer.post_attention_layernorm.weight.clone(),
+                layer.post_attention_layernorm.weight.val(),
                 dtype,
             )?);
         }
@@ -91,7 +91,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
                 dtype,
             )?);
             if let Some(bias) = &linear.bias {
-                tensors.push(out_tensor(&format!("{path}.bias"), bias.clone(), dtype)?);
+                tensors.push(out_tensor(&format!("{path}.bias"), bias.val(), dtype)?);
             }
         }
         tensors.sort_by(|a, b| a.name.cmp(&b.name));

@@ -11,11 +11,15 @@
 //! of all layers are gathered into one [`GradientsParams`].
 //!
 //! LoRA dropout must be off with checkpointing: the recomputation would draw a different mask.
+//!
+//! Full fine-tuning ([`Qwen2ForCausalLM::into_full_tuning`]) marks every weight of a dense model
+//! trainable; both paths then return gradients for all of them (with checkpointing, the
+//! embedding's gradient comes from one more backward step below the first layer).
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
+use burn::tensor::{DType, ElementConversion, Tensor};
 
 use crate::backend::ModelBackend;
 use crate::error::{ModelError, Result};
@@ -128,11 +132,87 @@ where
             _backend: std::marker::PhantomData::<B>,
         });
     }
+    // A trainable embedding (full fine-tuning): its rows' gradient is what reached the bottom.
+    let embedding = &model.model.embed_tokens;
+    if let Some(g) = upstream
+        && embedding.blocks.iter().any(|b| b.val().is_require_grad())
+    {
+        let rows = embedding.forward(input.input_ids.clone());
+        let surrogate = (rows * Tensor::<B, 2>::from_inner(g)).sum();
+        let from_embedding = GradientsParams::from_grads(surrogate.backward(), embedding);
+        embedding.visit(&mut Gather {
+            from: from_embedding,
+            into: &mut grads,
+            _backend: std::marker::PhantomData::<B>,
+        });
+    }
     Ok(PassOutput {
         loss: scalar,
         aux,
         grads,
     })
+}
+
+impl<B: AutodiffBackend + ModelBackend> Qwen2ForCausalLM<B> {
+    /// The model with every weight trainable, for full fine-tuning: projections, biases,
+    /// norms, the embedding and an untied head (a bf16 embedding is widened to f32 first).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] when a projection is NF4 (packed 4-bit weights cannot be trained:
+    /// load the base dense) or an adapter is attached (full fine-tuning replaces LoRA).
+    pub fn into_full_tuning(mut self) -> Result<Self> {
+        for (path, p) in self.projections() {
+            if p.is_nf4() {
+                return Err(ModelError::Input(format!(
+                    "full fine-tuning needs a dense base, but `{path}` is NF4: 4-bit packed \
+                     weights cannot be trained (load the base without quantization, or train a \
+                     LoRA adapter)"
+                )));
+            }
+            if p.lora.is_some() {
+                return Err(ModelError::Input(format!(
+                    "full fine-tuning trains the base itself, but `{path}` has a LoRA adapter \
+                     attached"
+                )));
+            }
+        }
+        for block in &mut self.model.embed_tokens.blocks {
+            if block.val().dtype() != DType::F32 {
+                *block = crate::linear::frozen(block.val().cast(DType::F32));
+            }
+        }
+        Ok(self.map(&mut Trainable))
+    }
+
+    /// Number of weights that receive gradients (the adapter's with LoRA, all of them under
+    /// full fine-tuning).
+    pub fn num_trainable(&self) -> usize {
+        let mut count = CountTrainable(0);
+        self.visit(&mut count);
+        count.0
+    }
+}
+
+/// Counts the elements of parameters that require gradients.
+struct CountTrainable(usize);
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for CountTrainable {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let value = param.val();
+        if value.is_require_grad() {
+            self.0 += value.shape().num_elements();
+        }
+    }
+}
+
+/// Marks every parameter as requiring gradients.
+struct Trainable;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Trainable {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.detach().require_grad(), mapper)
+    }
 }
 
 fn scalar<B: burn::tensor::backend::Backend>(value: &Tensor<B, 1>) -> Result<f32> {
@@ -151,7 +231,8 @@ fn has_dropout<B: ModelBackend>(model: &Qwen2ForCausalLM<B>) -> bool {
         .any(|(_, p)| p.lora.as_ref().is_some_and(|l| l.dropout.prob > 0.0))
 }
 
-/// Moves a module's parameter gradients from one [`GradientsParams`] to another.
+/// Moves a module's parameter gradients from one [`GradientsParams`] to another, adding them
+/// to any gradient the parameter already has there.
 struct Gather<'a, B> {
     from: GradientsParams,
     into: &'a mut GradientsParams,
@@ -170,6 +251,11 @@ fn move_grad<B: AutodiffBackend, const D: usize>(
     id: ParamId,
 ) {
     if let Some(g) = from.remove::<B::InnerBackend, D>(id) {
+        // A tied embedding has a gradient from the head already: the two add up.
+        let g = match into.remove::<B::InnerBackend, D>(id) {
+            Some(earlier) => earlier + g,
+            None => g,
+        };
         into.register::<B::InnerBackend, D>(id, g);
     }
 }

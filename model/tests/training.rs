@@ -1,10 +1,11 @@
 //! The training path against plain burn operations: the custom autodiff operations (NF4 and
 //! dense projections, attention, chunked log-probabilities) give the values and gradients of
 //! the straightforward computations they replace, per-layer checkpointing gives the gradients
-//! of the ordinary backward pass, and attention matches a naive host implementation.
+//! of the ordinary backward pass, attention matches a naive host implementation, and full
+//! fine-tuning gives every weight the gradient central differences measure.
 
 use burn::backend::Autodiff;
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
 use fathom_model::backend::{Heads, ModelBackend, Span, reference};
@@ -522,6 +523,153 @@ fn checkpointing_gives_the_ordinary_gradients() {
             "gradients are not all zero"
         );
     }
+}
+
+/// Every gradient in `grads` of the parameters `model` visits, by module path.
+struct AllGrads<'a> {
+    grads: &'a burn::optim::GradientsParams,
+    path: Vec<String>,
+    out: Vec<(String, burn::module::ParamId, Vec<f32>)>,
+}
+
+impl burn::module::ModuleVisitor<Ad> for AllGrads<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Ad, D>>) {
+        let g = self
+            .grads
+            .get::<Cpu, D>(param.id)
+            .unwrap_or_else(|| panic!("`{}` has no gradient", self.path.join(".")));
+        self.out.push((self.path.join("."), param.id, values(g)));
+    }
+}
+
+fn all_grads(
+    model: &Qwen2ForCausalLM<Ad>,
+    grads: &burn::optim::GradientsParams,
+) -> Vec<(String, burn::module::ParamId, Vec<f32>)> {
+    let mut v = AllGrads {
+        grads,
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Adds `delta` to element `index` of the parameter `id`.
+struct Nudge {
+    id: burn::module::ParamId,
+    index: usize,
+    delta: f32,
+}
+
+impl ModuleMapper<Cpu> for Nudge {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<Cpu, D>>) -> Param<Tensor<Cpu, D>> {
+        if param.id != self.id {
+            return param;
+        }
+        let (id, t, mapper) = param.consume();
+        let dims = t.dims();
+        let mut v = values(t.clone());
+        v[self.index] += self.delta;
+        let t = Tensor::<Cpu, D>::from_data(TensorData::new(v, dims), &t.device());
+        Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+/// `weighted`'s value on the inner backend.
+fn weighted_value(model: &Qwen2ForCausalLM<Cpu>) -> f64 {
+    let out = packed_logprobs(model, &SEQS, 1.0, 3, &Default::default()).unwrap();
+    let (lp, ent) = (values(out.logprobs), values(out.entropy));
+    let weighted: f64 = lp
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (1.0 + (i % 3) as f64) * *v as f64)
+        .sum();
+    weighted + 0.1 * ent.iter().map(|v| *v as f64).sum::<f64>()
+}
+
+#[test]
+fn full_fine_tuning_gives_every_weight_its_gradient() {
+    let device = Default::default();
+    for tied in [true, false] {
+        let model = Qwen2ForCausalLM::<Ad>::random(tiny_config(tied), 21, false, &device)
+            .into_full_tuning()
+            .unwrap();
+        assert_eq!(model.num_trainable(), model.num_weights());
+        let run = |checkpointing: bool| {
+            let pass = TrainPass {
+                checkpointing,
+                chunk: 3,
+                temperature: 1.0,
+            };
+            forward_backward(&model, &SEQS, pass, &device, weighted).unwrap()
+        };
+        let (plain, ckpt) = (run(false), run(true));
+        let (a, b) = (
+            all_grads(&model, &plain.grads),
+            all_grads(&model, &ckpt.grads),
+        );
+        // Embedding, 2 × (2 norms, 7 projections, 3 biases), final norm, and an untied head.
+        assert_eq!(a.len(), 1 + 2 * 12 + 1 + usize::from(!tied));
+        for ((path, _, x), (_, _, y)) in a.iter().zip(&b) {
+            assert!(
+                max_diff(x, y) < 1e-4,
+                "tied {tied}: `{path}` differs with checkpointing by {}",
+                max_diff(x, y)
+            );
+        }
+        // Central differences on the inner model, for one element of each kind of weight.
+        let inner = model.valid();
+        let probes = [
+            ("model.embed_tokens.blocks", 5 * 16 + 3),
+            ("model.norm.weight", 2),
+            ("model.layers.0.input_layernorm.weight", 7),
+            ("model.layers.1.post_attention_layernorm.weight", 11),
+            ("model.layers.1.self_attn.q_proj.bias", 4),
+            ("model.layers.0.self_attn.v_proj.weight", 17),
+            ("model.layers.1.mlp.down_proj.weight", 3 * 24 + 5),
+            ("lm_head.weight", 9 * 16 + 1),
+        ];
+        for (path, index) in probes {
+            let Some((_, id, grad)) = a.iter().find(|(p, _, _)| p.starts_with(path)) else {
+                assert!(tied && path == "lm_head.weight", "`{path}` not found");
+                continue;
+            };
+            let eps = 1e-2;
+            let at = |delta: f32| {
+                weighted_value(&inner.clone().map(&mut Nudge {
+                    id: *id,
+                    index,
+                    delta,
+                }))
+            };
+            let numeric = (at(eps) - at(-eps)) / (2.0 * eps as f64);
+            let analytic = grad[index] as f64;
+            assert!(
+                (numeric - analytic).abs() < 2e-2 + 0.05 * analytic.abs(),
+                "tied {tied}: `{path}`[{index}]: analytic {analytic}, numeric {numeric}"
+            );
+        }
+    }
+}
+
+#[test]
+fn full_fine_tuning_refuses_nf4_and_adapters() {
+    let device = Default::default();
+    let nf4 = Qwen2ForCausalLM::<Ad>::random(tiny_config(true), 21, true, &device);
+    let err = nf4.into_full_tuning().unwrap_err().to_string();
+    assert!(err.contains("NF4") && err.contains("q_proj"), "{err}");
+    let err = lora_model(true, false)
+        .into_full_tuning()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("LoRA"), "{err}");
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! | file | what |
 //! | --- | --- |
 //! | `adapter/` | the LoRA adapter in PEFT's format (`fathom_model::peft`) |
+//! | `model/` | instead of `adapter/` under full fine-tuning: the whole model (f32 safetensors) |
 //! | `optimizer.mpk` | the AdamW state (burn's record, keyed by parameter id) |
 //! | `optimizer_params.json` | each parameter's module path, id at save time and shape |
 //! | `state.json` | step, stage, data cursor, RNG state, RAPO's state ([`TrainerState`]) |
@@ -38,7 +39,7 @@ use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use fathom_model::Qwen2ForCausalLM;
+use fathom_model::{LoadOptions, ModelBackend, Qwen2ForCausalLM};
 use rand::SeedableRng;
 use rand_chacha::ChaCha12Rng;
 use serde::{Deserialize, Serialize};
@@ -153,7 +154,7 @@ pub enum CheckpointError {
         message: String,
     },
     /// The model or adapter could not be saved or loaded.
-    #[error("checkpoint {dir}: adapter: {source}")]
+    #[error("checkpoint {dir}: weights (adapter or model): {source}")]
     Adapter {
         /// The checkpoint directory.
         dir: PathBuf,
@@ -223,10 +224,10 @@ fn parse_dir_name(name: &str) -> Option<(Stage, u64)> {
 /// The optimiser this module checkpoints.
 pub type AdamWOptimizer<B> = OptimizerAdaptor<AdamW, Qwen2ForCausalLM<B>, B>;
 
-/// Writes a checkpoint of `model`'s adapter, `optim`'s state, `state` and the recipe text
-/// under `root`, atomically, then deletes all but the newest `keep_last` of that stage.
-/// Returns the checkpoint's directory.
-pub fn save<B: AutodiffBackend>(
+/// Writes a checkpoint of `model`'s adapter (or, without one, of the whole fully fine-tuned
+/// model), `optim`'s state, `state` and the recipe text under `root`, atomically, then deletes
+/// all but the newest `keep_last` of that stage. Returns the checkpoint's directory.
+pub fn save<B: AutodiffBackend + ModelBackend>(
     root: &Path,
     model: &Qwen2ForCausalLM<B>,
     optim: &AdamWOptimizer<B>,
@@ -243,12 +244,17 @@ pub fn save<B: AutodiffBackend>(
     }
     std::fs::create_dir(&tmp).map_err(io(&tmp))?;
 
-    model
-        .save_adapter(&tmp.join("adapter"), None)
-        .map_err(|source| CheckpointError::Adapter {
-            dir: tmp.clone(),
-            source,
-        })?;
+    let full = model.projections().iter().all(|(_, p)| p.lora.is_none());
+    let weights = tmp.join(if full { "model" } else { "adapter" });
+    let written = if full {
+        model.save_pretrained(&weights, fathom_model::save::SaveDtype::F32)
+    } else {
+        model.save_adapter(&weights, None)
+    };
+    written.map_err(|source| CheckpointError::Adapter {
+        dir: tmp.clone(),
+        source,
+    })?;
     let params: Vec<SavedParam> = trainable_params(model)
         .into_iter()
         .map(|p| SavedParam {
@@ -288,7 +294,7 @@ pub fn save<B: AutodiffBackend>(
         files: entries,
     };
     write_file(&tmp.join(MANIFEST), &json(&manifest))?;
-    sync_dir(&tmp.join("adapter"))?;
+    sync_dir(&weights)?;
     sync_dir(&tmp)?;
 
     let fin = root.join(&name);
@@ -406,9 +412,10 @@ pub struct Loaded<B: AutodiffBackend> {
 }
 
 /// Loads the checkpoint in `dir` onto `base` (the model without an adapter), restoring the
-/// optimiser state into `optim` (a fresh optimiser with the run's settings). Everything is
+/// optimiser state into `optim` (a fresh optimiser with the run's settings). A checkpoint of a
+/// fully fine-tuned model replaces `base` with its own weights, all trainable. Everything is
 /// verified first; errors name the file or field at fault.
-pub fn load<B: AutodiffBackend>(
+pub fn load<B: AutodiffBackend + ModelBackend>(
     dir: &Path,
     base: Qwen2ForCausalLM<B>,
     optim: AdamWOptimizer<B>,
@@ -429,12 +436,24 @@ pub fn load<B: AutodiffBackend>(
         .restore()
         .map_err(|e| invalid(format!("state.json: {e}")))?;
     let recipe_text = read("recipe.ron")?;
-    let model = base
-        .load_adapter(&dir.join("adapter"), device)
-        .map_err(|source| CheckpointError::Adapter {
-            dir: dir.to_path_buf(),
-            source,
-        })?;
+    let full = dir.join("model");
+    let model = if full.is_dir() {
+        drop(base);
+        Qwen2ForCausalLM::load(
+            &full,
+            device,
+            LoadOptions {
+                quantize_nf4: false,
+            },
+        )
+        .and_then(Qwen2ForCausalLM::into_full_tuning)
+    } else {
+        base.load_adapter(&dir.join("adapter"), device)
+    }
+    .map_err(|source| CheckpointError::Adapter {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
 
     let saved: Vec<SavedParam> = serde_json::from_str(&read("optimizer_params.json")?)
         .map_err(|e| invalid(format!("optimizer_params.json: {e}")))?;

@@ -1,10 +1,12 @@
 //! The optimiser side of a training step: AdamW over the trainable parameters, gradient
 //! clipping by the global norm across all of them, and the learning-rate schedule.
 //!
-//! - **Trainable parameters only.** burn optimisers step the `Param`s a module visits. In
-//!   `fathom-model` the frozen base weights, biases, norms and embeddings are plain tensors,
-//!   not `Param`s (`model/src/linear.rs`), so with LoRA attached the optimiser — and its state,
-//!   and the global norm below — sees exactly the adapters' `lora_a` / `lora_b`.
+//! - **Trainable parameters only.** burn optimisers step the `Param`s that have a gradient. In
+//!   `fathom-model` the base weights, biases, norms and embeddings are frozen `Param`s (no
+//!   gradient; `model/src/linear.rs`), so with LoRA attached the optimiser — and its state, and
+//!   the global norm below — sees exactly the adapters' `lora_a` / `lora_b`; under full
+//!   fine-tuning (`Qwen2ForCausalLM::into_full_tuning`) it sees every weight.
+//!   [`trainable_params`] lists the parameters that require gradients.
 //! - **Global-norm clipping.** burn's `GradientClipping::Norm` clips each tensor on its own.
 //!   [`clip_global_norm`] instead computes `‖g‖ = sqrt(Σ_p ‖g_p‖²)` over every parameter the
 //!   module visits and, when it exceeds the limit, multiplies every gradient by the same
@@ -196,8 +198,11 @@ impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for ParamWalker {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.params
-            .push((param.id, self.path.join("."), param.val().dims().to_vec()));
+        let value = param.val();
+        if value.is_require_grad() {
+            self.params
+                .push((param.id, self.path.join("."), value.dims().to_vec()));
+        }
     }
 }
 
@@ -212,8 +217,9 @@ pub struct ParamInfo {
     pub shape: Vec<usize>,
 }
 
-/// Every float parameter of `module` (what an optimiser steps), with its path, in visiting
-/// order.
+/// Every float parameter of `module` that requires gradients (what an optimiser steps), with
+/// its path, in visiting order. Frozen parameters, and every parameter of a module on a
+/// backend without autodiff, are left out.
 pub fn trainable_params<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
     module: &M,
 ) -> Vec<ParamInfo> {

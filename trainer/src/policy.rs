@@ -118,7 +118,8 @@ pub fn load_base<B: ModelBackend>(
     Ok((model, tokenizer, base))
 }
 
-/// The policy of a plan: the base with a fresh adapter (seeded by `seeds.model`).
+/// The policy of a plan: the base with a fresh adapter (seeded by `seeds.model`), the base
+/// with `model.adapter`, or, under `tuning: Full`, the base with every weight trainable.
 pub fn load_policy<B>(
     plan: &Plan,
     default_base: Option<&Path>,
@@ -155,13 +156,7 @@ where
                 model
             }
         },
-        Tuning::Full => {
-            return Err(PolicyError::Unsupported(
-                "full fine-tuning (model.tuning: Full) is not supported yet: the base weights \
-                 are frozen tensors; use a LoRA adapter"
-                    .into(),
-            ));
-        }
+        Tuning::Full => base.into_full_tuning()?,
     };
     let end_of_turn = end_of_turn(&tokenizer)?;
     Ok(Policy {

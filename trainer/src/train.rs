@@ -143,7 +143,8 @@ pub struct StageEval {
 pub struct RunSummary {
     /// The run's directory.
     pub out: PathBuf,
-    /// The final adapter (PEFT format).
+    /// The final adapter (PEFT format), or under full fine-tuning the whole model (a Hugging
+    /// Face directory, `model/`).
     pub adapter: PathBuf,
     /// `metrics.jsonl`.
     pub metrics: PathBuf,
@@ -171,6 +172,9 @@ struct Run<'a, B: ModelBackend> {
     factory: EnvFactory,
     metrics: Option<MetricsLog>,
     ckpt_root: PathBuf,
+    /// Under full fine-tuning with a KL term: the base as loaded, before any step (with LoRA
+    /// the reference is the model without its adapters).
+    full_reference: Option<Qwen2ForCausalLM<B>>,
 }
 
 /// Runs `plan` to its end (or to `opts.stop_after`).
@@ -182,6 +186,8 @@ pub fn run<B: ModelBackend>(
     std::fs::create_dir_all(&opts.out).map_err(io(&opts.out))?;
     let policy = load_policy::<Ad<B>>(plan, opts.default_base.as_deref(), device)?;
     let mut model = policy.model;
+    let full = matches!(plan.model.tuning, crate::recipe::Tuning::Full);
+    let full_reference = (full && plan.grpo.loss.beta > 0.0).then(|| model.valid());
     let tokenizer = Arc::new(policy.tokenizer);
     let bridge = crate::rollout::Bridge::new();
     let parallel = plan.grpo.prompts_per_step * plan.grpo.group_size;
@@ -201,6 +207,7 @@ pub fn run<B: ModelBackend>(
         factory,
         metrics: None,
         ckpt_root: opts.out.join("checkpoints"),
+        full_reference,
     };
     let metrics_path = opts.out.join("metrics.jsonl");
     let resume_grpo = if opts.resume {
@@ -215,7 +222,7 @@ pub fn run<B: ModelBackend>(
     };
     let mut summary = RunSummary {
         out: opts.out.clone(),
-        adapter: opts.out.join("adapter"),
+        adapter: opts.out.join(if full { "model" } else { "adapter" }),
         metrics: metrics_path.clone(),
         sft_steps: 0,
         grpo_steps: 0,
@@ -273,12 +280,47 @@ pub fn run<B: ModelBackend>(
     if opts.evaluations.grpo {
         summary.evals.push(run.evaluate("grpo", &model, &heldout)?);
     }
-    model
-        .save_adapter(&summary.adapter, Some(&summary.base))
-        .map_err(TrainError::Model)?;
+    if full {
+        let tokenizer =
+            crate::policy::tokenizer_dir(&plan.model.source, opts.default_base.as_deref())?;
+        save_full_model(&model, &tokenizer, &summary.adapter)?;
+    } else {
+        model
+            .save_adapter(&summary.adapter, Some(&summary.base))
+            .map_err(TrainError::Model)?;
+    }
     run.plot_all()?;
     Ok(summary)
 }
+
+/// Writes a fully fine-tuned model as a Hugging Face directory (`config.json`,
+/// `model.safetensors` in f32, and the tokenizer's files from `tokenizer_dir`), which `infer`,
+/// `eval` and recipes load like any base.
+pub fn save_full_model<B: ModelBackend>(
+    model: &Qwen2ForCausalLM<Ad<B>>,
+    tokenizer_dir: &Path,
+    dir: &Path,
+) -> Result<(), TrainError> {
+    model
+        .save_pretrained(dir, fathom_model::save::SaveDtype::F32)
+        .map_err(TrainError::Model)?;
+    for name in TOKENIZER_FILES {
+        let from = tokenizer_dir.join(name);
+        if from.is_file() {
+            std::fs::copy(&from, dir.join(name)).map_err(io(&from))?;
+        }
+    }
+    Ok(())
+}
+
+/// The files of a Hugging Face tokenizer directory a saved model carries along.
+const TOKENIZER_FILES: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+];
 
 /// The step a checkpoint directory holds.
 fn checkpoint_step(dir: &Path) -> Result<u64, TrainError> {
@@ -590,7 +632,10 @@ impl<B: ModelBackend> Run<'_, B> {
                     dir: self.ckpt_root.clone(),
                     message,
                 })?;
-        let reference = (g.loss.beta > 0.0).then(|| strip(model.valid()));
+        let reference = match &self.full_reference {
+            Some(base) => Some(base.clone()),
+            None => (g.loss.beta > 0.0).then(|| strip(model.valid())),
+        };
         let total_opt_steps = g.steps * g.optimizer_steps_per_batch;
         let progress = bar(g.steps as u64, "grpo", self.opts.progress);
         progress.set_position(state.step);

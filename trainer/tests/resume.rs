@@ -1,6 +1,7 @@
 //! Resuming is exact: a run stopped after a GRPO step and resumed, and a run killed with
 //! SIGKILL mid-run and resumed, write the same metrics (timings aside) and the same final
-//! adapter, byte for byte, as the uninterrupted run.
+//! adapter, byte for byte, as the uninterrupted run; and so does a run that fine-tunes every
+//! weight (`tuning: Full`, with a KL term to the base), whose final output is the whole model.
 //!
 //! The run is `recipes/tiny.ron` shortened, with one extra reward component (the share of
 //! even code points among the characters the assistant wrote) so that a random model's groups
@@ -53,9 +54,29 @@ impl Reward for EvenChars {
 }
 
 fn plan() -> Plan {
+    plan_from(tiny_text())
+}
+
+fn tiny_text() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../recipes/tiny.ron");
-    let text = std::fs::read_to_string(&path)
-        .unwrap()
+    std::fs::read_to_string(&path).unwrap()
+}
+
+/// The test's recipe with every weight trained instead of an adapter, and a KL term to the base.
+fn full_plan() -> Plan {
+    let mut text = tiny_text();
+    let start = text.find("        tuning: Lora(").unwrap();
+    let end = start + text[start..].find("        ),\n").unwrap() + "        ),\n".len();
+    text.replace_range(start..end, "        tuning: Full,\n");
+    let text = text.replacen("beta: 0.0,", "beta: 0.05,", 1);
+    let plan = plan_from(text);
+    assert_eq!(plan.model.tuning, fathom_trainer::recipe::Tuning::Full);
+    assert_eq!(plan.grpo.loss.beta, 0.05);
+    plan
+}
+
+fn plan_from(text: String) -> Plan {
+    let text = text
         .replace("steps: 4,\n        batch_size", "steps: 2,\n        batch_size")
         .replace("steps: 2,\n        prompts_per_step", "steps: 3,\n        prompts_per_step")
         // The default embedding deviation: the recipe's larger one makes the untrained model
@@ -98,6 +119,11 @@ fn essence(m: &StepMetrics) -> String {
 }
 
 fn assert_same_run(a: &Path, b: &Path) {
+    assert_same_output(a, b, "adapter/adapter_model.safetensors");
+}
+
+/// The same metrics (timings aside) and the same final weights file `weights`.
+fn assert_same_output(a: &Path, b: &Path, weights: &str) {
     let (ma, mb) = (
         read_log(&a.join("metrics.jsonl")).unwrap(),
         read_log(&b.join("metrics.jsonl")).unwrap(),
@@ -113,8 +139,8 @@ fn assert_same_run(a: &Path, b: &Path) {
         grpo.iter().all(|m| m.loss != 0.0),
         "every GRPO step updated: {ea:#?}"
     );
-    let adapter = |d: &Path| std::fs::read(d.join("adapter/adapter_model.safetensors")).unwrap();
-    assert!(adapter(a) == adapter(b), "the final adapters differ");
+    let read = |d: &Path| std::fs::read(d.join(weights)).unwrap();
+    assert!(read(a) == read(b), "the final {weights} differ");
 }
 
 fn uninterrupted(root: &Path) -> PathBuf {
@@ -152,6 +178,72 @@ fn stopped_and_resumed_runs_are_exact() {
     .unwrap();
     run::<fathom_model::Cpu>(&plan(), &options(&dir, true, None), &device).unwrap();
     assert_same_run(&whole, &dir);
+}
+
+fn full_fine_tuning_resumes_exactly() {
+    let root = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let whole = root.path().join("whole-full");
+    run::<fathom_model::Cpu>(&full_plan(), &options(&whole, false, None), &device).unwrap();
+    let dir = root.path().join("stopped-full");
+    let first = run::<fathom_model::Cpu>(
+        &full_plan(),
+        &options(&dir, false, Some((Stage::Grpo, 1))),
+        &device,
+    )
+    .unwrap();
+    assert!(first.interrupted);
+    let second =
+        run::<fathom_model::Cpu>(&full_plan(), &options(&dir, true, None), &device).unwrap();
+    assert_eq!(second.adapter, dir.join("model"));
+    assert_same_output(&whole, &dir, "model/model.safetensors");
+    assert!(
+        !dir.join("adapter").exists(),
+        "a fully fine-tuned run writes no adapter"
+    );
+    // The output is a model directory like any base: config, weights and the tokenizer.
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(
+            dir.join("model").join(file).is_file(),
+            "model/{file} is missing"
+        );
+    }
+    let trained = fathom_model::Qwen2ForCausalLM::<fathom_model::Cpu>::load(
+        &dir.join("model"),
+        &device,
+        fathom_model::LoadOptions {
+            quantize_nf4: false,
+        },
+    )
+    .unwrap();
+    // Every kind of weight moved away from the random base the run started from.
+    let base = fathom_trainer::policy::load_base::<fathom_model::Cpu>(&full_plan(), None, &device)
+        .unwrap()
+        .0;
+    let moved = |a: burn::tensor::Tensor<fathom_model::Cpu, 1>,
+                 b: burn::tensor::Tensor<fathom_model::Cpu, 1>| {
+        (a - b).abs().max().into_scalar() > 1e-6
+    };
+    let flat = |t: burn::tensor::Tensor<fathom_model::Cpu, 2>| t.flatten::<1>(0, 1);
+    let (t, b) = (&trained.model, &base.model);
+    assert!(moved(
+        flat(t.embed_tokens.weight()),
+        flat(b.embed_tokens.weight())
+    ));
+    assert!(moved(t.norm.weight.val(), b.norm.weight.val()));
+    let (tl, bl) = (&t.layers[0], &b.layers[0]);
+    assert!(moved(
+        tl.input_layernorm.weight.val(),
+        bl.input_layernorm.weight.val()
+    ));
+    assert!(moved(
+        flat(tl.mlp.down_proj.dense_weight()),
+        flat(bl.mlp.down_proj.dense_weight())
+    ));
+    assert!(moved(
+        tl.self_attn.q_proj.bias.as_ref().unwrap().val(),
+        bl.self_attn.q_proj.bias.as_ref().unwrap().val()
+    ));
 }
 
 const CHILD: &str = "FATHOM_RESUME_TEST_CHILD";
@@ -206,12 +298,16 @@ fn main() {
         .unwrap();
         return;
     }
-    let tests: [(&str, fn()); 2] = [
+    let tests: [(&str, fn()); 3] = [
         (
             "stopped_and_resumed_runs_are_exact",
             stopped_and_resumed_runs_are_exact,
         ),
         ("killed_runs_resume_exactly", killed_runs_resume_exactly),
+        (
+            "full_fine_tuning_resumes_exactly",
+            full_fine_tuning_resumes_exactly,
+        ),
     ];
     common::run_tests(&tests);
 }

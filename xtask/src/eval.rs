@@ -1,6 +1,6 @@
-//! `cargo xtask eval`: the base model of a recipe, and optionally an adapter on it, on a split's
-//! tasks through the real environment (greedy): accuracy, reward and its components, `llm()`
-//! calls, tool tokens and turns, per family.
+//! `cargo xtask eval`: the base model of a recipe, and optionally an adapter on it (or a fully
+//! fine-tuned model in its place), on a split's tasks through the real environment (greedy):
+//! accuracy, reward and its components, `llm()` calls, tool tokens and turns, per family.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,7 +33,9 @@ pub struct EvalArgs {
     /// The recipe (RON); without it, the embedded default.
     #[arg(long, value_name = "FILE")]
     recipe: Option<PathBuf>,
-    /// A PEFT adapter to evaluate on the recipe's base, beside the base alone.
+    /// A PEFT adapter to evaluate on the recipe's base, beside the base alone; or the model
+    /// directory a `tuning: Full` run writes (`<out>/model`: config.json, model.safetensors),
+    /// evaluated in the base's place.
     #[arg(long, value_name = "DIR")]
     adapter: Option<PathBuf>,
     /// The split.
@@ -107,9 +109,17 @@ fn run_on<B: ModelBackend>(args: &EvalArgs, plan: &Plan, device: &B::Device) -> 
     };
     let mut reports = vec![("base".to_string(), run("base", &base)?)];
     if let Some(dir) = &args.adapter {
-        let adapted = base
-            .load_adapter(dir, device)
-            .with_context(|| format!("loading the adapter from {}", dir.display()))?;
+        let full = !dir.join("adapter_config.json").is_file() && dir.join("config.json").is_file();
+        let adapted = if full {
+            let options = fathom_model::LoadOptions {
+                quantize_nf4: false,
+            };
+            Qwen2ForCausalLM::load(dir, device, options)
+                .with_context(|| format!("loading the fine-tuned model from {}", dir.display()))?
+        } else {
+            base.load_adapter(dir, device)
+                .with_context(|| format!("loading the adapter from {}", dir.display()))?
+        };
         reports.push((
             format!("adapter {}", dir.display()),
             run("adapter", &adapted)?,

@@ -160,9 +160,13 @@ fn report(plan: &Plan, summary: &RunSummary) -> Result<()> {
     let path = fathom_trainer::report::write(plan, summary)
         .with_context(|| format!("writing the report in {}", summary.out.display()))?;
     eprintln!(
-        "done: {} SFT and {} GRPO steps; adapter {}, metrics {}, report {}",
+        "done: {} SFT and {} GRPO steps; {} {}, metrics {}, report {}",
         summary.sft_steps,
         summary.grpo_steps,
+        match plan.model.tuning {
+            fathom_trainer::recipe::Tuning::Full => "model",
+            fathom_trainer::recipe::Tuning::Lora(_) => "adapter",
+        },
         summary.adapter.display(),
         summary.metrics.display(),
         path.display()
