@@ -33,7 +33,8 @@ enum Command {
     /// Train: SFT warm-start and multi-turn GRPO from a recipe (default: the embedded laptop
     /// recipe on SmolLM2-135M-Instruct), then held-out evaluations and a report.
     Train(train::TrainArgs),
-    /// Evaluate a recipe's base, and optionally an adapter, on a split through the environment.
+    /// Evaluate a recipe's base, and optionally an adapter (or a fully fine-tuned model), on a
+    /// split through the environment.
     Eval(eval::EvalArgs),
     /// One SFT and one GRPO step end to end on a tiny model; writes SMOKE_RESULT.md.
     Smoke(smoke::SmokeArgs),
