@@ -456,7 +456,7 @@ impl<B: ModelBackend> Run<'_, B> {
     /// The SFT warm-start; returns the model, the steps done and whether it stopped early.
     fn sft(
         &mut self,
-        mut model: Qwen2ForCausalLM<Ad<B>>,
+        model: Qwen2ForCausalLM<Ad<B>>,
         sft: &crate::recipe::SftSection,
         resume: Option<&Path>,
     ) -> Result<(Qwen2ForCausalLM<Ad<B>>, u64, bool), TrainError> {
@@ -490,28 +490,8 @@ impl<B: ModelBackend> Run<'_, B> {
                 sft.max_length
             )));
         }
-        let mut optim: AdamWOptimizer<Ad<B>> = sft.optimizer.init();
-        let mut state = TrainerState {
-            step: 0,
-            stage: Stage::Sft,
-            data: DataCursor::default(),
-            rng: RngState::capture(&checkpoint::train_rng(plan.seeds.data ^ 0x5f7)),
-            rapo: RapoState::default(),
-        };
-        if let Some(dir) = resume {
-            let loaded = checkpoint::load(dir, strip(model), optim, self.device)?;
-            model = loaded.model;
-            optim = loaded.optim;
-            state = loaded.state;
-        }
-        let rng: TrainRng =
-            state
-                .rng
-                .restore()
-                .map_err(|message| checkpoint::CheckpointError::Invalid {
-                    dir: self.ckpt_root.clone(),
-                    message,
-                })?;
+        let (mut model, mut optim, mut state, rng) =
+            self.stage_start(Stage::Sft, 0x5f7, &sft.optimizer, model, resume)?;
         let progress = bar(sft.steps as u64, "sft", self.opts.progress);
         progress.set_position(state.step);
         let mut order = epoch_order(examples.len(), &rng, state.data.epoch);
@@ -601,37 +581,64 @@ impl<B: ModelBackend> Run<'_, B> {
         Ok((model, state.step, false))
     }
 
+    /// Where a stage starts: a fresh optimiser and state (the generator seeded by
+    /// `seeds.data ^ salt`), or, resuming, the checkpoint in `resume`, which also replaces the
+    /// model's trained weights.
+    #[allow(clippy::type_complexity)]
+    fn stage_start(
+        &self,
+        stage: Stage,
+        salt: u64,
+        optimizer: &crate::optim::AdamWSettings,
+        model: Qwen2ForCausalLM<Ad<B>>,
+        resume: Option<&Path>,
+    ) -> Result<
+        (
+            Qwen2ForCausalLM<Ad<B>>,
+            AdamWOptimizer<Ad<B>>,
+            TrainerState,
+            TrainRng,
+        ),
+        TrainError,
+    > {
+        let optim: AdamWOptimizer<Ad<B>> = optimizer.init();
+        let (model, optim, state) = match resume {
+            Some(dir) => {
+                let loaded = checkpoint::load(dir, strip(model), optim, self.device)?;
+                (loaded.model, loaded.optim, loaded.state)
+            }
+            None => {
+                let state = TrainerState {
+                    step: 0,
+                    stage,
+                    data: DataCursor::default(),
+                    rng: RngState::capture(&checkpoint::train_rng(self.plan.seeds.data ^ salt)),
+                    rapo: RapoState::default(),
+                };
+                (model, optim, state)
+            }
+        };
+        let rng = state
+            .rng
+            .restore()
+            .map_err(|message| checkpoint::CheckpointError::Invalid {
+                dir: self.ckpt_root.clone(),
+                message,
+            })?;
+        Ok((model, optim, state, rng))
+    }
+
     /// GRPO; returns the model, the steps done and whether it stopped early.
     fn grpo(
         &mut self,
-        mut model: Qwen2ForCausalLM<Ad<B>>,
+        model: Qwen2ForCausalLM<Ad<B>>,
         resume: Option<&Path>,
     ) -> Result<(Qwen2ForCausalLM<Ad<B>>, u64, bool), TrainError> {
         let plan = self.plan;
         let g = &plan.grpo;
         let train = tasks_of(plan, plan.data.train.split, &plan.train_tasks)?;
-        let mut optim: AdamWOptimizer<Ad<B>> = g.optimizer.init();
-        let mut state = TrainerState {
-            step: 0,
-            stage: Stage::Grpo,
-            data: DataCursor::default(),
-            rng: RngState::capture(&checkpoint::train_rng(plan.seeds.data ^ 0x6a90)),
-            rapo: RapoState::default(),
-        };
-        if let Some(dir) = resume {
-            let loaded = checkpoint::load(dir, strip(model), optim, self.device)?;
-            model = loaded.model;
-            optim = loaded.optim;
-            state = loaded.state;
-        }
-        let rng: TrainRng =
-            state
-                .rng
-                .restore()
-                .map_err(|message| checkpoint::CheckpointError::Invalid {
-                    dir: self.ckpt_root.clone(),
-                    message,
-                })?;
+        let (mut model, mut optim, mut state, rng) =
+            self.stage_start(Stage::Grpo, 0x6a90, &g.optimizer, model, resume)?;
         let reference = match &self.full_reference {
             Some(base) => Some(base.clone()),
             None => (g.loss.beta > 0.0).then(|| strip(model.valid())),
