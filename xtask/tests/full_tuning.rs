@@ -8,11 +8,8 @@ use std::process::{Command, Output};
 
 /// `recipes/tiny.ron` with every weight trained instead of a LoRA adapter.
 fn full_recipe() -> String {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../recipes/tiny.ron"
-    ))
-    .unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../recipes/tiny.ron"))
+        .unwrap();
     let start = text.find("        tuning: Lora(").unwrap();
     let end = start + text[start..].find("        ),\n").unwrap() + "        ),\n".len();
     let mut text = text;
