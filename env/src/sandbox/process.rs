@@ -7,7 +7,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -85,8 +85,13 @@ fn wait_ready(fd: i32, events: libc::c_short, deadline: Instant) -> io::Result<b
 }
 
 impl WorkerProcess {
-    /// Starts `program WORKER_ARG <our pid>` with an empty environment, `/dev/null` stderr,
-    /// and `PR_SET_PDEATHSIG` set between fork and exec.
+    /// Starts `program WORKER_ARG <our pid>` with an empty environment and `/dev/null` stderr.
+    ///
+    /// The worker ties itself to this process as its first act (`PR_SET_PDEATHSIG`, then it
+    /// exits if its parent is no longer the pid it was given), so nothing runs between fork
+    /// and exec here. That lets the standard library start it with `posix_spawn` (a vfork,
+    /// which shares the address space) instead of `fork`, whose copy of a parent holding a
+    /// model's weights cost a tenth of a rollout's CPU time.
     pub fn spawn(program: &PathBuf, max_frame: usize) -> io::Result<WorkerProcess> {
         let mut cmd = Command::new(program);
         cmd.arg(super::worker::WORKER_ARG)
@@ -96,15 +101,6 @@ impl WorkerProcess {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe; nothing else runs in the pre-exec child.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
         let mut child = cmd.spawn()?;
         let (Some(to), Some(from)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
