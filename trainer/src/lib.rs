@@ -11,6 +11,7 @@
 //! - [`policy`], [`envs`]: the model, tokenizer and environments a recipe describes.
 //! - [`eval`]: scoring a split's episodes, per family.
 //! - [`report`]: the run's Markdown report with plots.
+//! - [`seeds`]: one recipe over several seeds: held-out mean, spread and GRPO's gain.
 //! - [`train`]: the run itself, top to bottom (SFT, GRPO, evaluations, checkpoints).
 //! - [`optim`]: AdamW over the trainable parameters, global-norm clipping, learning-rate
 //!   schedules.
@@ -28,5 +29,6 @@ pub mod rapo;
 pub mod recipe;
 pub mod report;
 pub mod rollout;
+pub mod seeds;
 pub mod sft;
 pub mod train;

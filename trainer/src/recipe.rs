@@ -425,6 +425,24 @@ impl Plan {
     pub fn laptop() -> Result<Plan, RecipeError> {
         Plan::from_text(LAPTOP, LAPTOP_ORIGIN)
     }
+
+    /// The same plan with every seed moved on by `offset` (wrapping), for repeating a recipe
+    /// over seeds. The recipe text saved with checkpoints gains a closing comment giving the
+    /// seeds actually used; the data splits and held-out tasks do not change.
+    pub fn with_seed_offset(mut self, offset: u64) -> Plan {
+        if offset == 0 {
+            return self;
+        }
+        let s = &mut self.seeds;
+        s.model = s.model.wrapping_add(offset);
+        s.data = s.data.wrapping_add(offset);
+        s.sampling = s.sampling.wrapping_add(offset);
+        self.text.push_str(&format!(
+            "\n// Run with seed offset {offset}: seeds (model: {}, data: {}, sampling: {}).\n",
+            s.model, s.data, s.sampling
+        ));
+        self
+    }
 }
 
 /// Turns ron's positioned error into one that names the field.

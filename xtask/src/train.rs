@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use fathom_env::sandbox::WorkerCommand;
 use fathom_trainer::recipe::{Backend, ModelSource, Plan};
+use fathom_trainer::seeds::{SeedRun, SeedSummary, summarise};
 use fathom_trainer::train::{Evaluations, RunOptions, RunSummary, run};
 
 /// Arguments of `train`.
@@ -28,6 +29,18 @@ pub struct TrainArgs {
     /// Skip the held-out evaluations of the base, after SFT and after GRPO (and the report).
     #[arg(long)]
     pub no_eval: bool,
+    /// Move every seed of the recipe (model, data, sampling) on by this much; pass it again
+    /// with `--resume`.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub seed: u64,
+    /// Run the recipe this many times, with seed offsets 0..N, into `<out>/seed-K`, then write
+    /// `<out>/seeds.md` and `seeds.json`: held-out accuracy and reward of base, SFT and GRPO
+    /// as mean ± spread over the seeds, and whether GRPO's gain over SFT exceeds the spread.
+    /// The base is evaluated once (greedy decoding of the same base does not depend on the
+    /// seeds).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          conflicts_with_all = ["resume", "no_eval", "dry_run", "seed"])]
+    pub seeds: Option<u64>,
 }
 
 /// Reads the recipe a command names, or the embedded default.
@@ -55,7 +68,10 @@ pub fn default_base(plan: &Plan) -> Result<Option<PathBuf>> {
 
 /// Runs `train`.
 pub fn run_cmd(args: TrainArgs) -> Result<()> {
-    let plan = load_plan(args.recipe.as_deref())?;
+    let plan = load_plan(args.recipe.as_deref())?.with_seed_offset(args.seed);
+    if let Some(count) = args.seeds {
+        return run_seeds(&args, plan, count);
+    }
     if args.dry_run {
         print_plan(&plan);
         eprintln!("{}: the plan is valid", plan.origin);
@@ -89,6 +105,70 @@ pub fn run_cmd(args: TrainArgs) -> Result<()> {
     };
     let summary = dispatch(&plan, &opts)?;
     report(&plan, &summary)
+}
+
+/// `train --seeds N`: the plan once per seed offset, then the summary over seeds.
+fn run_seeds(args: &TrainArgs, plan: Plan, count: u64) -> Result<()> {
+    let root = args.out.clone().unwrap_or_else(|| plan.output.dir.clone());
+    let default_base = default_base(&plan)?;
+    let mut runs = Vec::new();
+    for offset in 0..count {
+        let plan = load_plan(args.recipe.as_deref())?.with_seed_offset(offset);
+        let out = root.join(format!("seed-{offset}"));
+        eprintln!(
+            "seed offset {offset} of 0..{count}: seeds (model {}, data {}, sampling {}) → {}",
+            plan.seeds.model,
+            plan.seeds.data,
+            plan.seeds.sampling,
+            out.display()
+        );
+        let opts = RunOptions {
+            out,
+            resume: false,
+            default_base: default_base.clone(),
+            worker: WorkerCommand::CurrentExe,
+            progress: plan.output.progress_bars,
+            evaluations: Evaluations {
+                base: offset == 0,
+                sft: plan.sft.is_some(),
+                grpo: true,
+            },
+            stop_after: None,
+        };
+        let summary = dispatch(&plan, &opts)?;
+        report(&plan, &summary)?;
+        runs.push(SeedRun {
+            seeds: plan.seeds.clone(),
+            stages: summary
+                .evals
+                .iter()
+                .map(|e| (e.label.clone(), e.report.overall.clone()))
+                .collect(),
+        });
+        write_seeds(&root, &plan, &summarise(&runs))?;
+    }
+    let path = root.join("seeds.md");
+    eprintln!("{}", std::fs::read_to_string(&path)?);
+    eprintln!("done: {count} seeds; summary {}", path.display());
+    Ok(())
+}
+
+/// Writes `seeds.md` and `seeds.json` under `root` (after every seed, so an interrupted series
+/// keeps what it measured).
+fn write_seeds(root: &Path, plan: &Plan, summary: &SeedSummary) -> Result<()> {
+    let md = format!(
+        "# {} over seeds\n\nEach seed's run, report and metrics are in `seed-K/`.\n\n{}",
+        plan.origin,
+        summary.markdown()
+    );
+    std::fs::write(root.join("seeds.md"), md)
+        .with_context(|| format!("writing {}", root.join("seeds.md").display()))?;
+    std::fs::write(
+        root.join("seeds.json"),
+        serde_json::to_string_pretty(summary)?,
+    )
+    .with_context(|| format!("writing {}", root.join("seeds.json").display()))?;
+    Ok(())
 }
 
 /// Runs a plan on the backend it names.

@@ -325,3 +325,21 @@ fn syntax_errors_have_a_position() {
     let line = line_of_text(&text, "backend: Cpu index");
     assert!(m.starts_with(&format!("tiny.ron:{line}:")), "{m}");
 }
+
+#[test]
+fn a_seed_offset_moves_every_seed_and_is_recorded_in_the_text() {
+    let plan = Plan::from_text(&tiny(), "tiny.ron").unwrap();
+    let (seeds, tasks) = (plan.seeds.clone(), plan.heldout_tasks.clone());
+    let moved = Plan::from_text(&tiny(), "tiny.ron")
+        .unwrap()
+        .with_seed_offset(2);
+    assert_eq!(moved.seeds.model, seeds.model + 2);
+    assert_eq!(moved.seeds.data, seeds.data + 2);
+    assert_eq!(moved.seeds.sampling, seeds.sampling + 2);
+    assert_eq!(moved.heldout_tasks, tasks);
+    // The saved text still parses, to the original seeds, and says which were used.
+    let reparsed = Plan::from_text(&moved.text, "saved").unwrap();
+    assert_eq!(reparsed.seeds, seeds);
+    assert!(moved.text.contains("Run with seed offset 2"), "{}", moved.text);
+    assert_eq!(plan.with_seed_offset(0).text, tiny());
+}
