@@ -561,19 +561,7 @@ impl<B: ModelBackend> Run<'_, B> {
             self.log(&m, plan.output.metrics_every)?;
             progress.set_position(state.step);
             progress.set_message(step_message(&m));
-            state.rng = RngState::capture(&rng);
-            let last = state.step as usize == sft.steps;
-            if last || (state.step as usize).is_multiple_of(plan.checkpoints.every) {
-                checkpoint::save(
-                    &self.ckpt_root,
-                    &model,
-                    &optim,
-                    &state,
-                    &plan.text,
-                    plan.checkpoints.keep_last,
-                )?;
-            }
-            if self.opts.stop_after == Some((Stage::Sft, state.step)) && !last {
+            if self.end_step(sft.steps, &model, &optim, &mut state, &rng)? {
                 return Ok((model, state.step, true));
             }
         }
@@ -626,6 +614,32 @@ impl<B: ModelBackend> Run<'_, B> {
                 message,
             })?;
         Ok((model, optim, state, rng))
+    }
+
+    /// The end of a step of `state.stage` (of `steps` in all): the generator's position goes
+    /// into the state, a checkpoint is written when one is due (always after the last step),
+    /// and the answer says whether the run stops here, as [`RunOptions::stop_after`] asks.
+    fn end_step(
+        &self,
+        steps: usize,
+        model: &Qwen2ForCausalLM<Ad<B>>,
+        optim: &AdamWOptimizer<Ad<B>>,
+        state: &mut TrainerState,
+        rng: &TrainRng,
+    ) -> Result<bool, TrainError> {
+        state.rng = RngState::capture(rng);
+        let last = state.step as usize == steps;
+        if last || (state.step as usize).is_multiple_of(self.plan.checkpoints.every) {
+            checkpoint::save(
+                &self.ckpt_root,
+                model,
+                optim,
+                state,
+                &self.plan.text,
+                self.plan.checkpoints.keep_last,
+            )?;
+        }
+        Ok(self.opts.stop_after == Some((state.stage, state.step)) && !last)
     }
 
     /// GRPO; returns the model, the steps done and whether it stopped early.
@@ -821,19 +835,7 @@ impl<B: ModelBackend> Run<'_, B> {
             {
                 self.plot_all()?;
             }
-            state.rng = RngState::capture(&rng);
-            let last = state.step as usize == g.steps;
-            if last || (state.step as usize).is_multiple_of(plan.checkpoints.every) {
-                checkpoint::save(
-                    &self.ckpt_root,
-                    &model,
-                    &optim,
-                    &state,
-                    &plan.text,
-                    plan.checkpoints.keep_last,
-                )?;
-            }
-            if self.opts.stop_after == Some((Stage::Grpo, state.step)) && !last {
+            if self.end_step(g.steps, &model, &optim, &mut state, &rng)? {
                 return Ok((model, state.step, true));
             }
         }
