@@ -41,6 +41,16 @@ pub struct TraceSettings {
     /// Optional; `false` when absent.
     #[serde(default)]
     pub short_search: bool,
+    /// Sentences around the code and the answer (several openers, follow-ups and answer
+    /// forms). With `false`, every assistant turn is a bare code block or a bare
+    /// `<answer>…</answer>`, so a small model's first token is `` ``` `` or `<answer>` rather
+    /// than a choice among many openings. Optional; `true` when absent.
+    #[serde(default = "prose_by_default")]
+    pub prose: bool,
+}
+
+fn prose_by_default() -> bool {
+    true
 }
 
 impl TraceSettings {
@@ -114,12 +124,17 @@ pub struct Trace {
 pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettings) -> Style {
     let mut rng = TrainRng::seed_from_u64(seed);
     rng.set_stream(index);
-    Style::draw(
+    let style = Style::draw(
         &mut rng,
         family,
         settings.wasteful_fraction,
         settings.short_search,
-    )
+    );
+    if settings.prose {
+        style
+    } else {
+        style.without_prose()
+    }
 }
 
 /// Runs `settings.count` expert episodes through `env`, taking `tasks` in turn, each in a

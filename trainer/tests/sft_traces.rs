@@ -45,6 +45,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         count: 45,
         wasteful_fraction: 0.3,
         short_search: false,
+        prose: true,
     };
     let rewards = Composite::default();
     let mut env = env();
@@ -133,8 +134,9 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     }
 }
 
-/// `short_search` needle traces: a two-line search as the first turn, still correct through
-/// the real environment, with the observation holding the key's sentences.
+/// `short_search` needle traces without prose: a bare two-line search as the first turn, still
+/// correct through the real environment, with the observation holding the key's sentences,
+/// then a bare answer tag.
 fn short_search_traces_stay_correct() {
     let config = TaskConfig {
         context_window: 256,
@@ -151,6 +153,7 @@ fn short_search_traces_stay_correct() {
         count: 24,
         wasteful_fraction: 0.0,
         short_search: true,
+        prose: false,
     };
     let mut env = env();
     let traces = generate_traces(&mut env, &tasks, &Composite::default(), &settings, 3).unwrap();
@@ -167,6 +170,13 @@ fn short_search_traces_stay_correct() {
             t.messages[3].content
         );
         assert_eq!(t.messages.len(), 5, "{}: search, then answer", t.task_id);
+        // Without prose: a bare code block, then a bare answer tag.
+        assert!(first.starts_with("```"), "{first}");
+        let answer = &t.messages[4].content;
+        assert!(
+            answer.starts_with("<answer>") && answer.ends_with("</answer>"),
+            "{answer}"
+        );
     }
     eprintln!(
         "{}/{} short-search traces correct",

@@ -112,6 +112,16 @@ impl Style {
         }
     }
 
+    /// The same style with no sentences: bare code blocks and a bare `<answer>` tag.
+    pub fn without_prose(self) -> Style {
+        Style {
+            opener: 0,
+            follow_up: 0,
+            answer: 0,
+            ..self
+        }
+    }
+
     /// Draws a style for a trace of `family`; with probability `wasteful_fraction` it has
     /// a detour (over-reading or an unneeded `llm()` call, half each). With `short_search`,
     /// needle traces search with a two-line `re.findall` (no draw is spent on it, so the
@@ -369,5 +379,24 @@ mod tests {
                 .is_none()
         });
         assert!(none);
+    }
+
+    #[test]
+    fn without_prose_turns_are_bare_blocks_and_tags() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
+        for _ in 0..50 {
+            let drawn = Style::draw(&mut rng, Family::Needle, 0.5, true);
+            let style = drawn.clone().without_prose();
+            assert_eq!(
+                (style.detour, style.names, style.python_fence),
+                (drawn.detour, drawn.names, drawn.python_fence)
+            );
+            let expert = VariedExpert { style };
+            let first = expert.needle_short("A1-OAK");
+            assert!(first.starts_with("```"), "{first}");
+            assert!(expert.restyle("```repl\nprint(1)\n```", false).starts_with("```"));
+            assert_eq!(expert.restyle("<answer>42</answer>", false), "<answer>42</answer>");
+        }
     }
 }
