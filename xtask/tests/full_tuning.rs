@@ -3,8 +3,12 @@
 //! --adapter` evaluates that directory in the base's place, and an NF4 base with `tuning: Full`
 //! is refused at its recipe line before anything loads.
 
+mod cli;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+use cli::text;
 
 /// `recipes/tiny.ron` with every weight trained instead of a LoRA adapter.
 fn full_recipe() -> String {
@@ -18,21 +22,9 @@ fn full_recipe() -> String {
 }
 
 fn xtask(args: &[&str], recipe: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .args(args)
-        .arg("--recipe")
-        .arg(recipe)
-        .output()
-        .expect("xtask runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    all.extend([std::ffi::OsStr::new("--recipe"), recipe.as_os_str()]);
+    cli::xtask(&all)
 }
 
 #[test]
