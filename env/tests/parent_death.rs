@@ -87,7 +87,10 @@ fn workers_die_when_their_parent_is_killed() {
         "the parent should hold a session's worker and an idle one, got {line:?}"
     );
     for &w in &workers {
-        assert!(alive(w), "worker {w} should be running before its parent dies");
+        assert!(
+            alive(w),
+            "worker {w} should be running before its parent dies"
+        );
     }
     // Let the session's worker enter its endless loop.
     std::thread::sleep(Duration::from_millis(700));
