@@ -47,10 +47,21 @@ pub struct TraceSettings {
     /// than a choice among many openings. Optional; `true` when absent.
     #[serde(default = "prose_by_default")]
     pub prose: bool,
+    /// Of the wasteful traces, the fraction whose wasted turn sends a slice of the document to
+    /// `llm()`; the others over-read (print a large slice). In `[0, 1]`; optional, `0.5` when
+    /// absent. Over-reading is capped by the observation limit and costs little reward, while
+    /// every `llm()` call lowers the recursion-efficiency reward, so a recipe that wants GRPO
+    /// to learn to cut calls raises this.
+    #[serde(default = "half")]
+    pub llm_share: f64,
 }
 
 fn prose_by_default() -> bool {
     true
+}
+
+fn half() -> f64 {
+    0.5
 }
 
 impl TraceSettings {
@@ -63,6 +74,12 @@ impl TraceSettings {
             return Err((
                 "wasteful_fraction",
                 format!("must be in [0, 1], got {}", self.wasteful_fraction),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.llm_share) {
+            return Err((
+                "llm_share",
+                format!("must be in [0, 1], got {}", self.llm_share),
             ));
         }
         Ok(())
@@ -128,6 +145,7 @@ pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettin
         &mut rng,
         family,
         settings.wasteful_fraction,
+        settings.llm_share,
         settings.short_search,
     );
     if settings.prose {

@@ -18,7 +18,7 @@ use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
 use fathom_env::tasks::{self, TaskConfig};
 use fathom_model::Tokenizer;
 use fathom_rewards::Composite;
-use fathom_rewards::record::{Family, Role, Split};
+use fathom_rewards::record::{Family, Role, Split, Task};
 use fathom_trainer::sft::expert::Detour;
 use fathom_trainer::sft::{TraceSettings, chat_messages, generate_traces, render};
 
@@ -46,6 +46,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         wasteful_fraction: 0.3,
         short_search: false,
         prose: true,
+        llm_share: 0.5,
     };
     let rewards = Composite::default();
     let mut env = env();
@@ -134,6 +135,17 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     }
 }
 
+/// The first `n` needle tasks of the train split.
+fn needle_tasks(config: &TaskConfig, n: usize) -> Vec<Task> {
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| tasks::split_task(Split::Train, i, config).unwrap())
+        .filter(|t| t.family == Family::Needle)
+        .take(n)
+        .collect();
+    assert_eq!(tasks.len(), n);
+    tasks
+}
+
 /// `short_search` needle traces without prose: a bare two-line search as the first turn, still
 /// correct through the real environment, with the observation holding the key's sentences,
 /// then a bare answer tag.
@@ -143,17 +155,13 @@ fn short_search_traces_stay_correct() {
         min_doc_tokens: 200,
         max_window_factor: 3.0,
     };
-    let tasks: Vec<_> = (0..80)
-        .map(|i| tasks::split_task(Split::Train, i, &config).unwrap())
-        .filter(|t| t.family == Family::Needle)
-        .take(12)
-        .collect();
-    assert_eq!(tasks.len(), 12);
+    let tasks = needle_tasks(&config, 12);
     let settings = TraceSettings {
         count: 24,
         wasteful_fraction: 0.0,
         short_search: true,
         prose: false,
+        llm_share: 0.5,
     };
     let mut env = env();
     let traces = generate_traces(&mut env, &tasks, &Composite::default(), &settings, 3).unwrap();
@@ -185,9 +193,51 @@ fn short_search_traces_stay_correct() {
     );
 }
 
+/// `llm_share: 1.0`, as the embedded default writes them: every wasteful needle trace sends a
+/// slice to `llm()` first (one call, recorded), then searches and answers, still correct.
+fn llm_detour_traces_call_once_and_stay_correct() {
+    // The embedded default's task shape (recipes/laptop.ron).
+    let config = TaskConfig {
+        context_window: 512,
+        min_doc_tokens: 1024,
+        max_window_factor: 4.0,
+    };
+    let tasks = needle_tasks(&config, 8);
+    let settings = TraceSettings {
+        count: 16,
+        wasteful_fraction: 1.0,
+        short_search: true,
+        prose: false,
+        llm_share: 1.0,
+    };
+    let mut env = env();
+    let traces = generate_traces(&mut env, &tasks, &Composite::default(), &settings, 1).unwrap();
+    for t in &traces {
+        assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
+        assert!(matches!(t.style.detour, Some(Detour::LlmOveruse { .. })));
+        assert_eq!(t.llm_calls, 1, "{}: {:#?}", t.task_id, t.messages);
+        let first = &t.messages[2].content;
+        assert!(
+            first.contains("print(llm(") && first.lines().count() == 3,
+            "{first}"
+        );
+        assert!(
+            t.messages[4].content.contains("re.findall("),
+            "{}",
+            t.messages[4].content
+        );
+        assert_eq!(t.messages.len(), 7, "{}: llm(), search, answer", t.task_id);
+    }
+    eprintln!("first observation: {}", traces[0].messages[3].content);
+}
+
 fn main() {
     fathom_env::sandbox::run_worker_if_requested();
-    let tests: [(&str, fn()); 2] = [
+    let tests: [(&str, fn()); 3] = [
+        (
+            "llm_detour_traces_call_once_and_stay_correct",
+            llm_detour_traces_call_once_and_stay_correct,
+        ),
         (
             "expert_traces_vary_waste_on_purpose_and_stay_correct",
             expert_traces_vary_waste_on_purpose_and_stay_correct,

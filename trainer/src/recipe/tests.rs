@@ -249,6 +249,12 @@ fn bad_values_are_named_with_their_line() {
             "data.heldout.split",
             "heldout: (split: train",
         ),
+        (
+            "wasteful_fraction: 0.25)",
+            "wasteful_fraction: 0.25, llm_share: 1.5)",
+            "sft.traces.llm_share",
+            "llm_share: 1.5",
+        ),
     ] {
         let text = edited(from, to);
         assert_names(&error(&text), field, line_of_text(&text, marker));
@@ -340,6 +346,10 @@ fn a_seed_offset_moves_every_seed_and_is_recorded_in_the_text() {
     // The saved text still parses, to the original seeds, and says which were used.
     let reparsed = Plan::from_text(&moved.text, "saved").unwrap();
     assert_eq!(reparsed.seeds, seeds);
-    assert!(moved.text.contains("Run with seed offset 2"), "{}", moved.text);
+    assert!(
+        moved.text.contains("Run with seed offset 2"),
+        "{}",
+        moved.text
+    );
     assert_eq!(plan.with_seed_offset(0).text, tiny());
 }

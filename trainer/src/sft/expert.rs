@@ -95,6 +95,10 @@ pub struct Style {
     pub short_search: bool,
     /// A wasted first turn, if any.
     pub detour: Option<Detour>,
+    /// No sentences anywhere ([`Style::without_prose`]): the wasted `llm()` call's prompt is
+    /// the question and a slice, without the instruction sentence.
+    #[serde(default)]
+    pub bare: bool,
 }
 
 impl Style {
@@ -109,32 +113,39 @@ impl Style {
             windows: false,
             short_search: false,
             detour: None,
+            bare: false,
         }
     }
 
-    /// The same style with no sentences: bare code blocks and a bare `<answer>` tag.
+    /// The same style with no sentences: bare code blocks, a bare `<answer>` tag, and a
+    /// wasted `llm()` call (if any) whose prompt is just the question and the slice.
     pub fn without_prose(self) -> Style {
         Style {
             opener: 0,
             follow_up: 0,
             answer: 0,
+            bare: true,
             ..self
         }
     }
 
     /// Draws a style for a trace of `family`; with probability `wasteful_fraction` it has
-    /// a detour (over-reading or an unneeded `llm()` call, half each). With `short_search`,
+    /// a detour: an unneeded `llm()` call with probability `llm_share`, over-reading
+    /// otherwise. With `short_search`,
     /// needle traces search with a two-line `re.findall` (no draw is spent on it, so the
     /// other choices are the same as without it).
     pub fn draw(
         rng: &mut impl Rng,
         family: Family,
         wasteful_fraction: f64,
+        llm_share: f64,
         short_search: bool,
     ) -> Style {
         let detour = if rng.random_bool(wasteful_fraction.clamp(0.0, 1.0)) {
             let chars = rng.random_range(2000..=6000);
-            Some(if rng.random_bool(0.5) {
+            // Drawn as "over-read" with 1 − llm_share, so at 0.5 the draws (and traces) are those
+            // of recipes written before the setting existed.
+            Some(if rng.random_bool(1.0 - llm_share.clamp(0.0, 1.0)) {
                 Detour::Overread { chars }
             } else {
                 Detour::LlmOveruse { chars }
@@ -151,6 +162,7 @@ impl Style {
             windows: family == Family::Needle && rng.random_bool(0.5),
             short_search: short_search && family == Family::Needle,
             detour,
+            bare: false,
         }
     }
 }
@@ -196,6 +208,10 @@ impl VariedExpert {
     fn detour_turn(&self, detour: Detour, question: &str) -> String {
         let code = match detour {
             Detour::Overread { chars } => format!("print(context[:{chars}])"),
+            Detour::LlmOveruse { chars } if self.style.bare => format!(
+                "print(llm({qm} + context[:{chars}]))",
+                qm = py(&format!("{question}{PROMPT_MARKER}")),
+            ),
             Detour::LlmOveruse { chars } => format!(
                 "reply = llm(\"Question: \" + {q} + \"\\nAnswer briefly, or 'unknown' if the text does not say.{marker}\" + context[:{chars}])\nprint(reply)",
                 q = py(question),
@@ -363,7 +379,7 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
         let styles: Vec<Style> = (0..400)
-            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25, false))
+            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25, 0.5, false))
             .collect();
         let wasteful = styles.iter().filter(|s| s.detour.is_some()).count();
         assert!((70..=130).contains(&wasteful), "{wasteful} of 400");
@@ -374,7 +390,7 @@ mod tests {
         assert!(distinct.len() > 30, "{}", distinct.len());
         assert!(styles.iter().any(|s| s.windows) && styles.iter().any(|s| !s.windows));
         let none = (0..100).all(|_| {
-            Style::draw(&mut rng, Family::Compare, 0.0, true)
+            Style::draw(&mut rng, Family::Compare, 0.0, 0.5, true)
                 .detour
                 .is_none()
         });
@@ -382,21 +398,60 @@ mod tests {
     }
 
     #[test]
+    fn llm_share_picks_the_kind_of_detour() {
+        use rand::SeedableRng;
+        let kinds = |share: f64| {
+            let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(9);
+            let detours: Vec<Detour> = (0..400)
+                .filter_map(|_| Style::draw(&mut rng, Family::Needle, 1.0, share, true).detour)
+                .collect();
+            let llm = detours
+                .iter()
+                .filter(|d| matches!(d, Detour::LlmOveruse { .. }))
+                .count();
+            (detours.len(), llm)
+        };
+        assert_eq!(kinds(1.0), (400, 400));
+        assert_eq!(kinds(0.0), (400, 0));
+        let (n, llm) = kinds(0.5);
+        assert!(n == 400 && (150..=250).contains(&llm), "{llm} of {n}");
+    }
+
+    #[test]
     fn without_prose_turns_are_bare_blocks_and_tags() {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
         for _ in 0..50 {
-            let drawn = Style::draw(&mut rng, Family::Needle, 0.5, true);
+            let drawn = Style::draw(&mut rng, Family::Needle, 0.5, 0.5, true);
             let style = drawn.clone().without_prose();
             assert_eq!(
                 (style.detour, style.names, style.python_fence),
                 (drawn.detour, drawn.names, drawn.python_fence)
             );
+            assert!(style.bare);
+            if let Some(detour @ Detour::LlmOveruse { chars }) = style.detour {
+                let turn = VariedExpert {
+                    style: style.clone(),
+                }
+                .detour_turn(detour, "Who?");
+                let label = if style.python_fence { "python" } else { "repl" };
+                assert_eq!(
+                    turn,
+                    format!("```{label}\nprint(llm(\"Who?\\n---\\n\" + context[:{chars}]))\n```")
+                );
+            }
             let expert = VariedExpert { style };
             let first = expert.needle_short("A1-OAK");
             assert!(first.starts_with("```"), "{first}");
-            assert!(expert.restyle("```repl\nprint(1)\n```", false).starts_with("```"));
-            assert_eq!(expert.restyle("<answer>42</answer>", false), "<answer>42</answer>");
+            assert!(
+                expert
+                    .restyle("```repl\nprint(1)\n```", false)
+                    .starts_with("```")
+            );
+            assert_eq!(
+                expert.restyle("<answer>42</answer>", false),
+                "<answer>42</answer>"
+            );
         }
     }
 }
