@@ -4,7 +4,9 @@
 //!
 //! The spread is the sample standard deviation over seeds (n − 1 in the denominator). GRPO
 //! "improves on SFT beyond the spread" when its mean gain over SFT, seed for seed, is larger
-//! than the spread of either stage.
+//! than the spread of either stage: a rise in accuracy or mean reward, or a cut in `llm()`
+//! calls or tool tokens per episode (what the recursion-efficiency and token-budget rewards
+//! ask for).
 
 use serde::{Deserialize, Serialize};
 
@@ -107,6 +109,14 @@ pub struct Gain {
     pub accuracy_beyond_spread: bool,
     /// Whether the mean reward gain exceeds the seed-to-seed spread of both stages.
     pub reward_beyond_spread: bool,
+    /// GRPO's `llm()` calls per episode minus SFT's, seed for seed (negative: fewer calls).
+    pub llm_calls: Stat,
+    /// GRPO's tool tokens per episode minus SFT's, seed for seed (negative: fewer tokens).
+    pub tool_tokens: Stat,
+    /// Whether the mean cut in `llm()` calls exceeds the seed-to-seed spread of both stages.
+    pub llm_calls_cut_beyond_spread: bool,
+    /// Whether the mean cut in tool tokens exceeds the seed-to-seed spread of both stages.
+    pub tool_tokens_cut_beyond_spread: bool,
 }
 
 /// Everything [`summarise`] finds.
@@ -152,6 +162,7 @@ pub fn summarise(runs: &[SeedRun]) -> SeedSummary {
         .filter_map(|r| Some((r.stage("sft")?, r.stage("grpo")?)))
         .collect();
     let gain = (!pairs.is_empty()).then(|| {
+        // GRPO − SFT of one measure, and the spread to beat: the larger of the two stages'.
         let diff = |f: fn(&Summary) -> f64| {
             let d: Vec<f64> = pairs.iter().map(|(s, g)| f(g) - f(s)).collect();
             let sft: Vec<f64> = pairs.iter().map(|(s, _)| f(s)).collect();
@@ -161,16 +172,22 @@ pub fn summarise(runs: &[SeedRun]) -> SeedSummary {
                 Stat::of(&sft).expect("pairs is not empty"),
                 Stat::of(&grpo).expect("pairs is not empty"),
             );
-            let beyond = pairs.len() > 1 && d.mean > sft.std.max(grpo.std);
-            (d, beyond)
+            (d, sft.std.max(grpo.std))
         };
-        let (accuracy, accuracy_beyond_spread) = diff(|s| s.accuracy);
-        let (reward, reward_beyond_spread) = diff(|s| s.reward);
+        let several = pairs.len() > 1;
+        let (accuracy, a_spread) = diff(|s| s.accuracy);
+        let (reward, r_spread) = diff(|s| s.reward);
+        let (llm_calls, l_spread) = diff(|s| s.llm_calls);
+        let (tool_tokens, t_spread) = diff(|s| s.tool_tokens);
         Gain {
             accuracy,
             reward,
-            accuracy_beyond_spread,
-            reward_beyond_spread,
+            accuracy_beyond_spread: several && accuracy.mean > a_spread,
+            reward_beyond_spread: several && reward.mean > r_spread,
+            llm_calls,
+            tool_tokens,
+            llm_calls_cut_beyond_spread: several && -llm_calls.mean > l_spread,
+            tool_tokens_cut_beyond_spread: several && -tool_tokens.mean > t_spread,
         }
     });
     SeedSummary {
@@ -237,15 +254,29 @@ impl SeedSummary {
                     "**not** larger than the seed-to-seed spread of SFT or of GRPO"
                 }
             };
+            let cut = |beyond: bool| {
+                if beyond {
+                    "a cut larger than the seed-to-seed spread of SFT and of GRPO"
+                } else {
+                    "**not** a cut larger than the seed-to-seed spread of SFT or of GRPO"
+                }
+            };
             md.push_str(&format!(
                 "\nGRPO − SFT, seed for seed: accuracy {:+.3} ± {:.3}, {}; mean reward {:+.4} ± \
-                 {:.4}, {}.\n",
+                 {:.4}, {}; `llm()` calls per episode {:+.2} ± {:.2}, {}; tool tokens per \
+                 episode {:+.0} ± {:.0}, {}.\n",
                 g.accuracy.mean,
                 g.accuracy.std,
                 verdict(g.accuracy_beyond_spread),
                 g.reward.mean,
                 g.reward.std,
-                verdict(g.reward_beyond_spread)
+                verdict(g.reward_beyond_spread),
+                g.llm_calls.mean,
+                g.llm_calls.std,
+                cut(g.llm_calls_cut_beyond_spread),
+                g.tool_tokens.mean,
+                g.tool_tokens.std,
+                cut(g.tool_tokens_cut_beyond_spread)
             ));
         }
         md
@@ -266,6 +297,13 @@ mod tests {
             turns: 2.0,
             ..Summary::default()
         }
+    }
+
+    fn with_calls(k: u64, sft_calls: f64, grpo_calls: f64) -> SeedRun {
+        let mut r = run(k, &[("sft", 0.8, 0.8), ("grpo", 0.8, 0.8)]);
+        r.stages[0].1.llm_calls = sft_calls;
+        r.stages[1].1.llm_calls = grpo_calls;
+        r
     }
 
     fn run(k: u64, stages: &[(&str, f64, f64)]) -> SeedRun {
@@ -297,7 +335,10 @@ mod tests {
     #[test]
     fn a_gain_larger_than_the_spread_is_called_so() {
         let runs = [
-            run(0, &[("base", 0.0, 0.0), ("sft", 0.60, 0.6), ("grpo", 0.80, 0.8)]),
+            run(
+                0,
+                &[("base", 0.0, 0.0), ("sft", 0.60, 0.6), ("grpo", 0.80, 0.8)],
+            ),
             run(1, &[("sft", 0.65, 0.65), ("grpo", 0.85, 0.85)]),
             run(2, &[("sft", 0.70, 0.7), ("grpo", 0.80, 0.8)]),
         ];
@@ -310,8 +351,14 @@ mod tests {
         assert!(g.accuracy_beyond_spread);
         let md = s.markdown();
         assert!(md.contains("| base | 1 | 0.000 |"), "{md}");
-        assert!(md.contains("| sft | 3 | 0.650 ± 0.050 (0.600–0.700) |"), "{md}");
-        assert!(md.contains("| 1, 2, 3 | — | 0.650 / 0.650 | 0.850 / 0.850 |"), "{md}");
+        assert!(
+            md.contains("| sft | 3 | 0.650 ± 0.050 (0.600–0.700) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 1, 2, 3 | — | 0.650 / 0.650 | 0.850 / 0.850 |"),
+            "{md}"
+        );
         assert!(md.contains("accuracy +0.167"), "{md}");
     }
 
@@ -328,6 +375,37 @@ mod tests {
         assert!(!g.accuracy_beyond_spread);
         assert!(!g.reward_beyond_spread);
         assert!(summarise(&runs).markdown().contains("**not** larger"));
+    }
+
+    #[test]
+    fn a_cut_in_calls_is_judged_against_the_spread_of_calls() {
+        let clear = [
+            with_calls(0, 0.9, 0.1),
+            with_calls(1, 0.8, 0.0),
+            with_calls(2, 1.0, 0.2),
+        ];
+        let g = summarise(&clear).gain.unwrap();
+        assert!((g.llm_calls.mean + 0.8).abs() < 1e-12);
+        assert!(g.llm_calls_cut_beyond_spread);
+        assert!(
+            !g.tool_tokens_cut_beyond_spread,
+            "tool tokens did not change"
+        );
+        assert!(!g.accuracy_beyond_spread);
+        let md = summarise(&clear).markdown();
+        assert!(
+            md.contains("`llm()` calls per episode -0.80 ± 0.00, a cut larger"),
+            "{md}"
+        );
+        // More calls after GRPO is never a cut; nor is a cut within SFT's spread.
+        let up = [with_calls(0, 0.1, 0.9), with_calls(1, 0.0, 0.8)];
+        assert!(!summarise(&up).gain.unwrap().llm_calls_cut_beyond_spread);
+        let noisy = [
+            with_calls(0, 0.0, 0.0),
+            with_calls(1, 1.0, 0.8),
+            with_calls(2, 0.5, 0.3),
+        ];
+        assert!(!summarise(&noisy).gain.unwrap().llm_calls_cut_beyond_spread);
     }
 
     #[test]

@@ -34,8 +34,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "K", default_value_t = 0)]
     pub seed: u64,
     /// Run the recipe this many times, with seed offsets 0..N, into `<out>/seed-K`, then write
-    /// `<out>/seeds.md` and `seeds.json`: held-out accuracy and reward of base, SFT and GRPO
-    /// as mean ± spread over the seeds, and whether GRPO's gain over SFT exceeds the spread.
+    /// `<out>/seeds.md` and `seeds.json`: held-out accuracy, reward, `llm()` calls and tool
+    /// tokens of base, SFT and GRPO as mean ± spread over the seeds, and whether GRPO's gain
+    /// over SFT (or its cut in calls and tool tokens) exceeds the spread.
     /// The base is evaluated once (greedy decoding of the same base does not depend on the
     /// seeds).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),

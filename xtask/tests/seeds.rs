@@ -21,7 +21,11 @@ fn seeds_runs_each_seed_and_summarises_them() {
     assert!(out.status.success(), "{}", text(&out));
     for k in 0..2 {
         let run = root.join(format!("seed-{k}"));
-        for file in ["metrics.jsonl", "report.md", "adapter/adapter_model.safetensors"] {
+        for file in [
+            "metrics.jsonl",
+            "report.md",
+            "adapter/adapter_model.safetensors",
+        ] {
             assert!(run.join(file).is_file(), "seed-{k}/{file} is missing");
         }
         // The recipe text saved with the run's checkpoints names the seeds it used.
@@ -61,6 +65,8 @@ fn seeds_runs_each_seed_and_summarises_them() {
     assert_eq!(stages[1]["label"], "sft");
     assert_eq!(stages[1]["accuracy"]["n"], 2);
     assert!(json["gain"]["accuracy"]["mean"].is_number());
+    assert!(json["gain"]["llm_calls"]["mean"].is_number());
+    assert!(json["gain"]["llm_calls_cut_beyond_spread"].is_boolean());
     let md = std::fs::read_to_string(root.join("seeds.md")).unwrap();
     assert!(md.contains("| sft | 2 |"), "{md}");
     assert!(md.contains("GRPO − SFT, seed for seed"), "{md}");
@@ -70,8 +76,23 @@ fn seeds_runs_each_seed_and_summarises_them() {
 fn seeds_refuses_what_it_cannot_combine() {
     for args in [
         &["train", "--recipe", "recipes/tiny.ron", "--seeds", "0"][..],
-        &["train", "--recipe", "recipes/tiny.ron", "--seeds", "2", "--no-eval"][..],
-        &["train", "--recipe", "recipes/tiny.ron", "--seeds", "2", "--seed", "1"][..],
+        &[
+            "train",
+            "--recipe",
+            "recipes/tiny.ron",
+            "--seeds",
+            "2",
+            "--no-eval",
+        ][..],
+        &[
+            "train",
+            "--recipe",
+            "recipes/tiny.ron",
+            "--seeds",
+            "2",
+            "--seed",
+            "1",
+        ][..],
     ] {
         let out = xtask(args);
         assert!(!out.status.success(), "{args:?} should be refused");
