@@ -70,17 +70,13 @@ impl TraceSettings {
         if self.count == 0 {
             return Err(("count", "must be at least 1".into()));
         }
-        if !(0.0..=1.0).contains(&self.wasteful_fraction) {
-            return Err((
-                "wasteful_fraction",
-                format!("must be in [0, 1], got {}", self.wasteful_fraction),
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.llm_share) {
-            return Err((
-                "llm_share",
-                format!("must be in [0, 1], got {}", self.llm_share),
-            ));
+        for (field, value) in [
+            ("wasteful_fraction", self.wasteful_fraction),
+            ("llm_share", self.llm_share),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return Err((field, format!("must be in [0, 1], got {value}")));
+            }
         }
         Ok(())
     }

@@ -18,9 +18,9 @@ use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
 use fathom_env::tasks::{self, TaskConfig};
 use fathom_model::Tokenizer;
 use fathom_rewards::Composite;
-use fathom_rewards::record::{Family, Role, Split, Task};
+use fathom_rewards::record::{Family, Role, Split};
 use fathom_trainer::sft::expert::Detour;
-use fathom_trainer::sft::{TraceSettings, chat_messages, generate_traces, render};
+use fathom_trainer::sft::{Trace, TraceSettings, chat_messages, generate_traces, render};
 
 fn env() -> ReplEnv {
     let mut config = SandboxConfig::new(WorkerCommand::CurrentExe);
@@ -77,7 +77,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         "{} distinct first assistant turns in 45 traces",
         firsts.len()
     );
-    let text = |t: &fathom_trainer::sft::Trace| {
+    let text = |t: &Trace| {
         t.messages
             .iter()
             .filter(|m| m.role == Role::Assistant)
@@ -135,15 +135,31 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
     }
 }
 
-/// The first `n` needle tasks of the train split.
-fn needle_tasks(config: &TaskConfig, n: usize) -> Vec<Task> {
-    let tasks: Vec<_> = (0..1000)
+/// `count` short-search traces without prose over the first `tasks` needle tasks of the train
+/// split, run through the real environment.
+fn bare_needle_traces(
+    config: &TaskConfig,
+    tasks: usize,
+    count: usize,
+    wasteful_fraction: f64,
+    llm_share: f64,
+    seed: u64,
+) -> Vec<Trace> {
+    let needles: Vec<_> = (0..1000)
         .map(|i| tasks::split_task(Split::Train, i, config).unwrap())
         .filter(|t| t.family == Family::Needle)
-        .take(n)
+        .take(tasks)
         .collect();
-    assert_eq!(tasks.len(), n);
-    tasks
+    assert_eq!(needles.len(), tasks);
+    let settings = TraceSettings {
+        count,
+        wasteful_fraction,
+        short_search: true,
+        prose: false,
+        llm_share,
+    };
+    let mut env = env();
+    generate_traces(&mut env, &needles, &Composite::default(), &settings, seed).unwrap()
 }
 
 /// `short_search` needle traces without prose: a bare two-line search as the first turn, still
@@ -155,16 +171,7 @@ fn short_search_traces_stay_correct() {
         min_doc_tokens: 200,
         max_window_factor: 3.0,
     };
-    let tasks = needle_tasks(&config, 12);
-    let settings = TraceSettings {
-        count: 24,
-        wasteful_fraction: 0.0,
-        short_search: true,
-        prose: false,
-        llm_share: 0.5,
-    };
-    let mut env = env();
-    let traces = generate_traces(&mut env, &tasks, &Composite::default(), &settings, 3).unwrap();
+    let traces = bare_needle_traces(&config, 12, 24, 0.0, 0.5, 3);
     for t in &traces {
         assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
         let first = &t.messages[2].content;
@@ -202,16 +209,7 @@ fn llm_detour_traces_call_once_and_stay_correct() {
         min_doc_tokens: 1024,
         max_window_factor: 4.0,
     };
-    let tasks = needle_tasks(&config, 8);
-    let settings = TraceSettings {
-        count: 16,
-        wasteful_fraction: 1.0,
-        short_search: true,
-        prose: false,
-        llm_share: 1.0,
-    };
-    let mut env = env();
-    let traces = generate_traces(&mut env, &tasks, &Composite::default(), &settings, 1).unwrap();
+    let traces = bare_needle_traces(&config, 8, 16, 1.0, 1.0, 1);
     for t in &traces {
         assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
         assert!(matches!(t.style.detour, Some(Detour::LlmOveruse { .. })));
