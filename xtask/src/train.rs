@@ -95,17 +95,35 @@ pub fn run_cmd(args: TrainArgs) -> Result<()> {
             grpo: true,
         }
     };
-    let opts = RunOptions {
+    let opts = run_options(
+        &plan,
         out,
-        resume: args.resume.is_some(),
-        default_base: default_base(&plan)?,
+        args.resume.is_some(),
+        default_base(&plan)?,
+        evaluations,
+    );
+    let summary = dispatch(&plan, &opts)?;
+    report(&plan, &summary)
+}
+
+/// What every run from this command shares: this executable as the sandbox worker, the
+/// recipe's progress bars, and no early stop.
+fn run_options(
+    plan: &Plan,
+    out: PathBuf,
+    resume: bool,
+    default_base: Option<PathBuf>,
+    evaluations: Evaluations,
+) -> RunOptions {
+    RunOptions {
+        out,
+        resume,
+        default_base,
         worker: WorkerCommand::CurrentExe,
         progress: plan.output.progress_bars,
         evaluations,
         stop_after: None,
-    };
-    let summary = dispatch(&plan, &opts)?;
-    report(&plan, &summary)
+    }
 }
 
 /// `train --seeds N`: the plan once per seed offset, then the summary over seeds.
@@ -114,6 +132,7 @@ fn run_seeds(args: &TrainArgs, plan: Plan, count: u64) -> Result<()> {
     let default_base = default_base(&plan)?;
     let mut runs = Vec::new();
     for offset in 0..count {
+        // Resolved afresh for each seed: a plan owns its reward objects, which do not clone.
         let plan = load_plan(args.recipe.as_deref())?.with_seed_offset(offset);
         let out = root.join(format!("seed-{offset}"));
         eprintln!(
@@ -123,19 +142,12 @@ fn run_seeds(args: &TrainArgs, plan: Plan, count: u64) -> Result<()> {
             plan.seeds.sampling,
             out.display()
         );
-        let opts = RunOptions {
-            out,
-            resume: false,
-            default_base: default_base.clone(),
-            worker: WorkerCommand::CurrentExe,
-            progress: plan.output.progress_bars,
-            evaluations: Evaluations {
-                base: offset == 0,
-                sft: plan.sft.is_some(),
-                grpo: true,
-            },
-            stop_after: None,
+        let evaluations = Evaluations {
+            base: offset == 0,
+            sft: plan.sft.is_some(),
+            grpo: true,
         };
+        let opts = run_options(&plan, out, false, default_base.clone(), evaluations);
         let summary = dispatch(&plan, &opts)?;
         report(&plan, &summary)?;
         runs.push(SeedRun {

@@ -17,9 +17,14 @@ use super::gemv::{self, Weight};
 use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference};
 use crate::nf4::cpu;
 
-/// Input rows up to which projections use the AVX-512 kernels of
-/// [`gemv`] rather than the tiled `gemm` path (measured: docs/benchmarks.md).
-const GEMV_MAX_ROWS: usize = gemv::MAX_ROWS;
+/// Input rows up to which dense (f32, bf16) projections use the AVX-512 kernels of [`gemv`]
+/// rather than the tiled `gemm` path. Past it, inputs with long rows (the 8960-wide down
+/// projection) no longer stay in cache while the kernel walks the weight (measured:
+/// docs/benchmarks.md).
+const GEMV_MAX_ROWS: usize = 16;
+
+/// The same for NF4 projections, where the `gemm` path must also decode the whole weight.
+const GEMV_MAX_ROWS_NF4: usize = gemv::MAX_ROWS;
 
 /// Runs `f` on the `u32` words of a Flex code tensor, without copying when it is contiguous.
 fn with_words<R>(codes: &FlexTensor, f: impl FnOnce(&[u32]) -> R) -> R {
@@ -219,7 +224,7 @@ impl ModelBackend for Flex {
                         absmax,
                         table: &table,
                     };
-                    let fused = (m <= GEMV_MAX_ROWS)
+                    let fused = (m <= GEMV_MAX_ROWS_NF4)
                         .then(|| gemv::linear(xs, m, weight, rows, cols))
                         .flatten();
                     fused.unwrap_or_else(|| {

@@ -26,8 +26,14 @@ use rayon::prelude::*;
 
 use crate::nf4::format::BLOCK;
 
-/// The most input rows the kernels take.
-pub const MAX_ROWS: usize = 8;
+/// The most input rows the kernels take: up to this many, reading the weight once and
+/// multiplying it by every row beats `gemm`, which must first repack (or transpose) the whole
+/// weight on every call (docs/benchmarks.md).
+pub const MAX_ROWS: usize = 32;
+
+/// Input rows one pass of the kernel multiplies each weight row by (its accumulators fill the
+/// registers); more rows are taken in blocks of this many while the weight rows stay in cache.
+const BLOCK_ROWS: usize = 8;
 
 /// Whether this CPU runs the kernels (AVX-512 F, detected at run time).
 pub fn available() -> bool {
@@ -114,15 +120,30 @@ pub fn linear(
     (0..rows.div_ceil(chunk)).into_par_iter().for_each(|t| {
         let r0 = t * chunk;
         let r1 = (r0 + chunk).min(rows);
-        // SAFETY: AVX-512 F was detected above; the kernel writes out[i * rows + r] for
-        // i < m and r in r0..r1 only (rows no other task touches), inside `out`, which lives
-        // for the whole call; every weight and input index was bounds-checked above.
-        #[cfg(target_arch = "x86_64")]
-        unsafe {
-            avx512::rows(x, m, weight, r0, r1, rows, cols, dst as *mut f32)
+        // Input rows BLOCK_ROWS at a time over the same weight rows, which the first block
+        // brought into cache: the weight is read from memory once per call whatever `m`.
+        for i0 in (0..m).step_by(BLOCK_ROWS) {
+            let mb = BLOCK_ROWS.min(m - i0);
+            // SAFETY: AVX-512 F was detected above; the kernel writes out[i * rows + r] for
+            // i in i0..i0 + mb and r in r0..r1 only (rows no other task touches), inside
+            // `out`, which lives for the whole call; every weight and input index was
+            // bounds-checked above.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                avx512::rows(
+                    &x[i0 * cols..(i0 + mb) * cols],
+                    mb,
+                    weight,
+                    r0,
+                    r1,
+                    rows,
+                    cols,
+                    (dst as *mut f32).add(i0 * rows),
+                )
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (r0, r1, dst, mb);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (r0, r1, dst);
     });
     Some(out)
 }
@@ -131,13 +152,13 @@ pub fn linear(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK, MAX_ROWS, Weight};
+    use super::{BLOCK, BLOCK_ROWS, Weight};
 
     /// Output rows `r0 .. r1` for every input row, written at `dst[i * rows + r]`.
     ///
     /// # Safety
-    /// AVX-512 F must be available; `dst` must hold `m * rows` values; the weight must cover
-    /// `rows * cols` values and `x` `m * cols`.
+    /// AVX-512 F must be available; `1 <= m <= BLOCK_ROWS`; `dst` must hold `m * rows` values;
+    /// the weight must cover `rows * cols` values and `x` `m * cols`.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn rows(
@@ -156,7 +177,7 @@ mod avx512 {
             ($($m:literal => $a:literal),*) => {
                 match m {
                     $($m => row_range::<$m, $a>(x, weight, r0, r1, rows, cols, dst),)*
-                    _ => unreachable!("1 <= m <= {MAX_ROWS}"),
+                    _ => unreachable!("1 <= m <= {BLOCK_ROWS}"),
                 }
             };
         }
@@ -366,7 +387,7 @@ mod tests {
             "cols not a multiple of 64"
         );
         assert!(
-            linear(&[0.0; 64 * 9], 9, nf4, 1, 64).is_none(),
+            linear(&vec![0.0; 64 * (MAX_ROWS + 1)], MAX_ROWS + 1, nf4, 1, 64).is_none(),
             "too many rows"
         );
     }
