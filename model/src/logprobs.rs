@@ -26,12 +26,15 @@ pub struct SequenceLogprobs<B: Backend> {
 
 /// Which packed hidden rows predict a next token, and those tokens, for [`packed_logprobs`].
 pub(crate) struct Targets {
-    /// Packed row of every position that has a next token.
+    /// Packed row of every position whose next token is computed.
     pub rows: Vec<i64>,
     /// The next token of each of those positions.
     pub tokens: Vec<i64>,
     /// As in [`SequenceLogprobs::offsets`].
     pub offsets: Vec<usize>,
+    /// When only some tokens are scored ([`targets_scored`]): for every entry of the full
+    /// layout, its index among the computed ones, or `rows.len()` for an entry left at 0.
+    pub spread: Option<Vec<i64>>,
 }
 
 /// Checks `seqs` and lists their prediction rows and targets.
@@ -43,6 +46,7 @@ pub(crate) fn targets(seqs: &[&[u32]]) -> Result<Targets> {
         rows: Vec::new(),
         tokens: Vec::new(),
         offsets: vec![0],
+        spread: None,
     };
     let mut start = 0;
     for (i, seq) in seqs.iter().enumerate() {
@@ -61,7 +65,64 @@ pub(crate) fn targets(seqs: &[&[u32]]) -> Result<Targets> {
     Ok(out)
 }
 
+/// Like [`targets`], but only the tokens marked in `scored` (`scored[i][t]`: token `t` of
+/// sequence `i`, as long as the sequence; token 0 has no prediction) are computed; the others'
+/// entries are 0. With no token marked at all, every token is computed (a loss then weights
+/// them all by 0, and its backward pass still has a graph to run).
+pub(crate) fn targets_scored(seqs: &[&[u32]], scored: &[&[bool]]) -> Result<Targets> {
+    let mut all = targets(seqs)?;
+    if scored.len() != seqs.len() {
+        return Err(ModelError::Input(format!(
+            "{} scored masks for {} sequences",
+            scored.len(),
+            seqs.len()
+        )));
+    }
+    if let Some(i) = (0..seqs.len()).find(|&i| scored[i].len() != seqs[i].len()) {
+        return Err(ModelError::Input(format!(
+            "sequence {i} has {} tokens but {} scored flags",
+            seqs[i].len(),
+            scored[i].len()
+        )));
+    }
+    // Entry e of the full layout predicts token t + 1 of its sequence.
+    let keep: Vec<bool> = scored.iter().flat_map(|m| m[1..].iter().copied()).collect();
+    let kept = keep.iter().filter(|k| **k).count();
+    if kept == 0 {
+        return Ok(all);
+    }
+    let mut spread = Vec::with_capacity(keep.len());
+    let (mut rows, mut tokens) = (Vec::with_capacity(kept), Vec::with_capacity(kept));
+    for (e, &k) in keep.iter().enumerate() {
+        if k {
+            spread.push(rows.len() as i64);
+            rows.push(all.rows[e]);
+            tokens.push(all.tokens[e]);
+        } else {
+            spread.push(kept as i64);
+        }
+    }
+    all.rows = rows;
+    all.tokens = tokens;
+    all.spread = Some(spread);
+    Ok(all)
+}
+
 impl Targets {
+    /// Computed entries `values` (`[rows.len()]`) in the full layout, 0 where not scored.
+    pub fn spread<B: Backend>(&self, values: Tensor<B, 1>) -> Tensor<B, 1> {
+        let Some(spread) = &self.spread else {
+            return values;
+        };
+        let device = values.device();
+        let padded = Tensor::cat(vec![values, Tensor::zeros([1], &device)], 0);
+        let index = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(spread.clone(), [spread.len()]),
+            &device,
+        );
+        padded.select(0, index)
+    }
+
     /// The hidden rows that predict a token, and the tokens, on `device`.
     pub fn select<B: Backend>(&self, hidden: Tensor<B, 2>) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
         let device = hidden.device();
@@ -100,8 +161,8 @@ pub(crate) fn head_logprobs<B: ModelBackend>(
     let (rows, tokens) = targets.select(hidden);
     let (logprobs, entropy) = model.token_logprobs(rows, tokens, temperature, chunk);
     SequenceLogprobs {
-        logprobs,
-        entropy,
+        logprobs: targets.spread(logprobs),
+        entropy: targets.spread(entropy),
         offsets: targets.offsets.clone(),
     }
 }

@@ -23,7 +23,7 @@ use burn::tensor::{DType, ElementConversion, Tensor};
 
 use crate::backend::ModelBackend;
 use crate::error::{ModelError, Result};
-use crate::logprobs::{SequenceLogprobs, head_logprobs, targets};
+use crate::logprobs::{SequenceLogprobs, Targets, head_logprobs, targets, targets_scored};
 use crate::qwen2::Qwen2ForCausalLM;
 
 /// Settings of a training pass.
@@ -70,7 +70,51 @@ where
     B: AutodiffBackend + ModelBackend,
     B::InnerBackend: ModelBackend,
 {
-    let targets = targets(seqs)?;
+    run_pass(model, seqs, targets(seqs)?, pass, device, loss)
+}
+
+/// [`forward_backward`] for a loss that reads only some tokens: `scored[i][t]` marks token `t`
+/// of sequence `i` (one flag per token; token 0 is never predicted). Only the marked tokens'
+/// log-probabilities and entropies are computed — the output head, the costliest matmul of a
+/// small model, runs on their positions alone — and the other entries are 0 with no gradient.
+/// Values and gradients of the marked entries equal [`forward_backward`]'s.
+///
+/// # Errors
+/// As [`forward_backward`], and when `scored` does not match the sequences' lengths.
+pub fn forward_backward_scored<B, T>(
+    model: &Qwen2ForCausalLM<B>,
+    seqs: &[&[u32]],
+    scored: &[&[bool]],
+    pass: TrainPass,
+    device: &B::Device,
+    loss: impl FnOnce(&SequenceLogprobs<B>) -> (Tensor<B, 1>, T),
+) -> Result<PassOutput<T>>
+where
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
+    run_pass(
+        model,
+        seqs,
+        targets_scored(seqs, scored)?,
+        pass,
+        device,
+        loss,
+    )
+}
+
+fn run_pass<B, T>(
+    model: &Qwen2ForCausalLM<B>,
+    seqs: &[&[u32]],
+    targets: Targets,
+    pass: TrainPass,
+    device: &B::Device,
+    loss: impl FnOnce(&SequenceLogprobs<B>) -> (Tensor<B, 1>, T),
+) -> Result<PassOutput<T>>
+where
+    B: AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
     if !pass.checkpointing {
         let input = model.packed_input(seqs, device)?;
         let hidden = model.forward_hidden(&input, None);

@@ -2,7 +2,8 @@
 //! dense projections, attention, chunked log-probabilities) give the values and gradients of
 //! the straightforward computations they replace, per-layer checkpointing gives the gradients
 //! of the ordinary backward pass, attention matches a naive host implementation, and full
-//! fine-tuning gives every weight the gradient central differences measure.
+//! fine-tuning gives every weight the gradient central differences measure; scoring only some
+//! tokens gives those tokens the values and gradients of scoring all.
 
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
@@ -13,7 +14,7 @@ use fathom_model::linear::Nf4Weight;
 use fathom_model::lora::init_rng;
 use fathom_model::{
     Cpu, LoraSettings, Qwen2Config, Qwen2ForCausalLM, Target, TrainPass, forward_backward,
-    packed_logprobs,
+    forward_backward_scored, packed_logprobs,
 };
 
 type Ad = Autodiff<Cpu>;
@@ -715,4 +716,112 @@ fn random_inputs_do_not_produce_nan_gradients_through_long_sequences() {
     for g in lora_grads(&model, &out.grads) {
         assert!(g.iter().all(|v| v.is_finite()));
     }
+}
+
+/// Token flags of [`SEQS`]: which tokens a loss reads (token 0 of each is never predicted).
+fn scored_flags() -> Vec<Vec<bool>> {
+    SEQS.iter()
+        .enumerate()
+        .map(|(i, s)| (0..s.len()).map(|t| t > 0 && (t + i) % 3 != 0).collect())
+        .collect()
+}
+
+#[test]
+fn scoring_some_tokens_gives_them_the_values_and_gradients_of_scoring_all() {
+    let device = Default::default();
+    let flags = scored_flags();
+    let scored: Vec<&[bool]> = flags.iter().map(Vec::as_slice).collect();
+    // 1 where an entry (token t + 1 of its sequence) is scored, in the packed layout.
+    let keep: Vec<f32> = flags
+        .iter()
+        .flat_map(|f| f[1..].iter().map(|&k| if k { 1.0 } else { 0.0 }))
+        .collect();
+    let n = keep.len();
+    assert!(keep.contains(&0.0) && keep.contains(&1.0));
+    for (nf4, checkpointing) in [(false, false), (true, false), (false, true)] {
+        let model = lora_model(true, nf4);
+        let pass = TrainPass {
+            checkpointing,
+            chunk: 3,
+            temperature: 0.8,
+        };
+        let seen = std::cell::RefCell::new(Vec::new());
+        // The weighted loss restricted to the scored entries; records what it was given.
+        let masked = |out: &fathom_model::SequenceLogprobs<Ad>| {
+            let k = Tensor::<Ad, 1>::from_data(TensorData::new(keep.clone(), [n]), &device);
+            seen.borrow_mut()
+                .push((values(out.logprobs.clone()), values(out.entropy.clone())));
+            let (lp, ent) = (out.logprobs.clone() * k.clone(), out.entropy.clone() * k);
+            weighted(&fathom_model::SequenceLogprobs {
+                logprobs: lp,
+                entropy: ent,
+                offsets: out.offsets.clone(),
+            })
+        };
+        let all = forward_backward(&model, &SEQS, pass, &device, masked).unwrap();
+        let some = forward_backward_scored(&model, &SEQS, &scored, pass, &device, masked).unwrap();
+        let seen = seen.into_inner();
+        let ((lp_all, ent_all), (lp_some, ent_some)) = (&seen[0], &seen[1]);
+        assert_eq!(lp_some.len(), n);
+        for e in 0..n {
+            if keep[e] == 1.0 {
+                assert!((lp_all[e] - lp_some[e]).abs() < 1e-5, "entry {e}");
+                assert!((ent_all[e] - ent_some[e]).abs() < 1e-5, "entry {e}");
+            } else {
+                assert_eq!((lp_some[e], ent_some[e]), (0.0, 0.0), "entry {e}");
+            }
+        }
+        assert!(
+            (all.loss - some.loss).abs() < 1e-4,
+            "nf4 {nf4} checkpointing {checkpointing}: {} vs {}",
+            all.loss,
+            some.loss
+        );
+        let (a, b) = (
+            lora_grads(&model, &all.grads),
+            lora_grads(&model, &some.grads),
+        );
+        assert_eq!(a.len(), 2 * 7 * 2);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(x.iter().any(|v| *v != 0.0), "a gradient is all zero");
+            let diff = max_diff(x, y);
+            assert!(
+                diff < 1e-5,
+                "nf4 {nf4} checkpointing {checkpointing}: {diff}"
+            );
+        }
+    }
+}
+
+#[test]
+fn scored_flags_must_match_the_sequences() {
+    let device = Default::default();
+    let model = lora_model(true, false);
+    let mut flags = scored_flags();
+    let run = |flags: &[Vec<bool>]| {
+        let scored: Vec<&[bool]> = flags.iter().map(Vec::as_slice).collect();
+        forward_backward_scored(
+            &model,
+            &SEQS,
+            &scored,
+            TrainPass::default(),
+            &device,
+            weighted,
+        )
+    };
+    flags[1].pop();
+    let err = run(&flags).err().expect("refused").to_string();
+    assert!(
+        err.contains("sequence 1 has 3 tokens but 2 scored flags"),
+        "{err}"
+    );
+    let err = run(&flags[..2]).err().expect("refused").to_string();
+    assert!(err.contains("2 scored masks for 3 sequences"), "{err}");
+    // Nothing scored: every entry is computed, as without flags.
+    let none: Vec<Vec<bool>> = SEQS.iter().map(|s| vec![false; s.len()]).collect();
+    let (a, b) = (
+        run(&none).unwrap(),
+        forward_backward(&model, &SEQS, TrainPass::default(), &device, weighted).unwrap(),
+    );
+    assert!((a.loss - b.loss).abs() < 1e-6, "{} vs {}", a.loss, b.loss);
 }

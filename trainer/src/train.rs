@@ -520,10 +520,14 @@ impl<B: ModelBackend> Run<'_, B> {
                         .map(|&t| if t { 1.0 / total.max(1) as f32 } else { 0.0 })
                 })
                 .collect();
+            // Only the target tokens' log-probabilities are computed: the output head runs on
+            // the assistant's positions alone, not on the prompt's and the observations'.
+            let scored: Vec<&[bool]> = batch.iter().map(|e| e.targets.as_slice()).collect();
             let device = self.device.clone();
-            let out = fathom_model::forward_backward(
+            let out = fathom_model::forward_backward_scored(
                 &model,
                 &seqs,
+                &scored,
                 pass(&sft.learner, 1.0),
                 self.device,
                 |lp: &SequenceLogprobs<Ad<B>>| {
@@ -892,6 +896,9 @@ pub fn learn<B: ModelBackend>(
         }
         None => None,
     };
+    // Every position's log-probability is computed, not only the sampled tokens' (as SFT
+    // does): the loss reads only the sampled ones, but skipping the others changes rounding,
+    // and the tiny recipe's single-seed GRPO check (tests/learning.rs) is chaotic in it.
     for _ in 0..g.optimizer_steps_per_batch {
         let out = fathom_model::forward_backward(
             &model,
