@@ -106,6 +106,9 @@ pub enum Shape {
     Qwen0_5b,
     /// The peers' `small` preset: 4 layers, hidden 256, vocab 4096.
     Small,
+    /// SmolLM2-135M's shape (the embedded default's base): 30 layers, hidden 576, 9 heads, 3 KV
+    /// heads, vocab 49152.
+    Smollm2,
 }
 
 impl Shape {
@@ -115,6 +118,7 @@ impl Shape {
             Shape::Qwen1_5b => Qwen2Config::qwen2_5_1_5b(),
             Shape::Qwen0_5b => Qwen2Config::qwen2_5_0_5b(),
             Shape::Small => Qwen2Config::with_shape(4096, 256, 704, 4, 4, 2),
+            Shape::Smollm2 => Qwen2Config::with_shape(49_152, 576, 1536, 30, 9, 3),
         }
     }
 }

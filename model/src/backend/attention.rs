@@ -21,7 +21,7 @@
 
 use rayon::prelude::*;
 
-use super::Heads;
+use super::{Heads, vmath};
 
 /// Queries per task block: the block's scores are `BLOCK × keys`.
 const BLOCK: usize = 64;
@@ -202,19 +202,8 @@ unsafe fn block(
             let (qi, hh) = if nb == 1 { (0, head + r) } else { (r, head) };
             let limit = s.past + first + qi + 1;
             let row = &mut scratch[r * visible..(r + 1) * visible];
-            let mut max = f32::NEG_INFINITY;
-            for x in &mut row[..limit] {
-                *x *= scale;
-                max = max.max(*x);
-            }
-            let mut sum = 0f32;
-            for x in &mut row[..limit] {
-                *x = (*x - max).exp();
-                sum += *x;
-            }
-            for x in &mut row[..limit] {
-                *x /= sum;
-            }
+            let max = vmath::scale_max(&mut row[..limit], scale);
+            let sum = vmath::softmax_from_max(&mut row[..limit], max);
             row[limit..].fill(0.0);
             // SAFETY: row (row0 + qi), head hh is this task's.
             unsafe { *lse.add((row0 + qi) * h + hh) = max + sum.ln() };
@@ -439,11 +428,8 @@ unsafe fn sequence_backward(
                 let lse = x.lse[(start + first + i) * h + hh];
                 let row = &mut p[i * visible..(i + 1) * visible];
                 let drow = &mut dp[i * visible..(i + 1) * visible];
-                for (pj, dpj) in row[..limit].iter_mut().zip(&mut drow[..limit]) {
-                    // P = exp(S · scale − lse); dS = P ∘ (dP − delta) · scale
-                    *pj = (*pj * scale - lse).exp();
-                    *dpj = *pj * (*dpj - delta[i]) * scale;
-                }
+                // P = exp(S · scale − lse); dS = P ∘ (dP − delta) · scale
+                vmath::attention_grad(&mut row[..limit], &mut drow[..limit], scale, lse, delta[i]);
                 row[limit..].fill(0.0);
                 drow[limit..].fill(0.0);
             }

@@ -11,6 +11,8 @@
 
 use rayon::prelude::*;
 
+use super::vmath;
+
 /// `[n, 2]` (log-probability, entropy) of each position. `head(rows, m)` returns the logits
 /// `[m, vocab]` of `m` rows of `hidden` (`[n, width]`).
 pub fn token_logprobs(
@@ -73,10 +75,7 @@ pub fn token_logprobs_backward(
                 let (g_logp, g_entropy) = (g[0], g[1]);
                 // E_p[z], with p = exp(z − max) / sum
                 let mean = s.weighted / s.sum;
-                for zj in row.iter_mut() {
-                    let p = (*zj - s.max).exp() / s.sum;
-                    *zj = (p * -g_logp - p * (*zj - mean) * g_entropy) / temperature;
-                }
+                vmath::logit_grad(row, s.max, s.sum, mean, g_logp, g_entropy, temperature);
                 row[t as usize] += g_logp / temperature;
             });
         out.extend(head_backward(z, m));
@@ -96,17 +95,8 @@ struct RowStats {
 }
 
 fn stats(row: &mut [f32], temperature: f32) -> RowStats {
-    let mut max = f32::NEG_INFINITY;
-    for z in row.iter_mut() {
-        *z /= temperature;
-        max = max.max(*z);
-    }
-    let (mut sum, mut weighted) = (0f32, 0f32);
-    for &z in row.iter() {
-        let e = (z - max).exp();
-        sum += e;
-        weighted += e * z;
-    }
+    let max = vmath::divide_max(row, temperature);
+    let (sum, weighted) = vmath::exp_sums(row, max);
     RowStats {
         max,
         sum,

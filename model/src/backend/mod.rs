@@ -17,6 +17,7 @@ pub mod flex;
 pub mod gemv;
 pub mod logprobs;
 pub mod reference;
+pub mod vmath;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
