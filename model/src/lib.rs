@@ -55,7 +55,7 @@ pub use lora::{LoraSettings, Target};
 pub use qwen2::Qwen2ForCausalLM;
 pub use sample::{Sampling, sample, sequence_rng};
 pub use tokenizer::{ChatMessage, ChatRole, Tokenizer};
-pub use train::{TrainPass, forward_backward, forward_backward_scored};
+pub use train::{TrainPass, add_gradients, forward_backward, forward_backward_scored};
 
 /// The default CPU backend: burn's Flex (the fastest CPU backend of burn 0.21 on this model;
 /// see `docs/benchmarks.md`).

@@ -197,6 +197,21 @@ where
     })
 }
 
+/// Adds the gradients `from` (of `model`'s parameters) into `into`, parameter by parameter: how
+/// passes over parts of a batch add up to the gradient of the whole (a loss that is a sum over
+/// sequences, run one part at a time to bound memory).
+pub fn add_gradients<B: AutodiffBackend>(
+    model: &Qwen2ForCausalLM<B>,
+    from: GradientsParams,
+    into: &mut GradientsParams,
+) {
+    model.visit(&mut Gather {
+        from,
+        into,
+        _backend: std::marker::PhantomData::<B>,
+    });
+}
+
 impl<B: AutodiffBackend + ModelBackend> Qwen2ForCausalLM<B> {
     /// The model with every weight trainable, for full fine-tuning: projections, biases,
     /// norms, the embedding and an untied head (a bf16 embedding is widened to f32 first).

@@ -3,7 +3,8 @@
 //! the straightforward computations they replace, per-layer checkpointing gives the gradients
 //! of the ordinary backward pass, attention matches a naive host implementation, and full
 //! fine-tuning gives every weight the gradient central differences measure; scoring only some
-//! tokens gives those tokens the values and gradients of scoring all.
+//! tokens gives those tokens the values and gradients of scoring all; the gradients of passes
+//! over parts of a batch add up to one pass over all of it.
 
 use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
@@ -13,8 +14,8 @@ use fathom_model::backend::{Heads, ModelBackend, Span, reference};
 use fathom_model::linear::Nf4Weight;
 use fathom_model::lora::init_rng;
 use fathom_model::{
-    Cpu, LoraSettings, Qwen2Config, Qwen2ForCausalLM, Target, TrainPass, forward_backward,
-    forward_backward_scored, packed_logprobs,
+    Cpu, LoraSettings, Qwen2Config, Qwen2ForCausalLM, SequenceLogprobs, Target, TrainPass,
+    add_gradients, forward_backward, forward_backward_scored, packed_logprobs,
 };
 
 type Ad = Autodiff<Cpu>;
@@ -824,4 +825,32 @@ fn scored_flags_must_match_the_sequences() {
         forward_backward(&model, &SEQS, TrainPass::default(), &device, weighted).unwrap(),
     );
     assert!((a.loss - b.loss).abs() < 1e-6, "{} vs {}", a.loss, b.loss);
+}
+
+#[test]
+fn gradients_of_passes_over_parts_add_up_to_one_pass_over_all() {
+    let device = Default::default();
+    // A loss that is a sum over sequences (as the trainers' are).
+    let loss = |out: &SequenceLogprobs<Ad>| {
+        (
+            out.logprobs.clone().sum() + out.entropy.clone().sum().mul_scalar(0.1),
+            (),
+        )
+    };
+    for (tied, nf4) in [(true, false), (false, true)] {
+        let model = lora_model(tied, nf4);
+        let pass = TrainPass::default();
+        let whole = forward_backward(&model, &SEQS, pass, &device, loss).unwrap();
+        let first = forward_backward(&model, &SEQS[..1], pass, &device, loss).unwrap();
+        let rest = forward_backward(&model, &SEQS[1..], pass, &device, loss).unwrap();
+        assert!((first.loss + rest.loss - whole.loss).abs() < 1e-4 * whole.loss.abs().max(1.0));
+        let mut sum = rest.grads;
+        add_gradients(&model, first.grads, &mut sum);
+        let (want, got) = (lora_grads(&model, &whole.grads), lora_grads(&model, &sum));
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(&got) {
+            let scale = w.iter().fold(1f32, |m, v| m.max(v.abs()));
+            assert!(max_diff(w, g) < 1e-5 * scale, "tied {tied}, nf4 {nf4}");
+        }
+    }
 }

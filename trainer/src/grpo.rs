@@ -459,6 +459,32 @@ impl<B: Backend> LossBatch<B> {
     pub fn dims(&self) -> [usize; 2] {
         self.old_logprobs.dims()
     }
+
+    /// Episodes `rows` of the batch, with the weights of the whole: the losses of a partition
+    /// of the rows add up to the whole batch's loss (and so do their gradients).
+    ///
+    /// # Panics
+    /// When `rows` is empty or reaches past the batch.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Self {
+        let [total, cols] = self.dims();
+        assert!(
+            rows.start < rows.end && rows.end <= total,
+            "rows {rows:?} of a batch of {total}"
+        );
+        let span = rows.start * cols..rows.end * cols;
+        let mask = self.host.mask[span.clone()].to_vec();
+        Self {
+            old_logprobs: self.old_logprobs.clone().slice([rows.clone(), 0..cols]),
+            advantages: self.advantages.clone().slice([rows.clone(), 0..cols]),
+            weights: self.weights.clone().slice([rows.clone(), 0..cols]),
+            excluded: self.excluded.clone().slice([rows, 0..cols]),
+            host: HostStats {
+                tokens: mask.iter().filter(|m| **m != 0.0).count(),
+                mask,
+                advantages: self.host.advantages[span].to_vec(),
+            },
+        }
+    }
 }
 
 /// What the loss saw, for the metrics (means over loss tokens).
@@ -476,6 +502,33 @@ pub struct LossStats {
     pub entropy: Option<f64>,
     /// Loss tokens in the batch.
     pub tokens: usize,
+}
+
+impl LossStats {
+    /// The statistics of a batch from those of the parts it was run in (means weighted by
+    /// each part's loss tokens).
+    pub fn merge(parts: &[LossStats]) -> LossStats {
+        let tokens: usize = parts.iter().map(|p| p.tokens).sum();
+        let n = tokens.max(1) as f64;
+        let mean = |f: &dyn Fn(&LossStats) -> f64| {
+            parts.iter().map(|p| f(p) * p.tokens as f64).sum::<f64>() / n
+        };
+        let optional = |f: &dyn Fn(&LossStats) -> Option<f64>| {
+            parts
+                .iter()
+                .map(|p| f(p).map(|v| v * p.tokens as f64))
+                .sum::<Option<f64>>()
+                .map(|v| v / n)
+        };
+        LossStats {
+            clip_low: mean(&|p| p.clip_low),
+            clip_high: mean(&|p| p.clip_high),
+            mean_ratio: mean(&|p| p.mean_ratio),
+            kl: optional(&|p| p.kl),
+            entropy: optional(&|p| p.entropy),
+            tokens,
+        }
+    }
 }
 
 /// The loss tensor and its statistics.

@@ -206,6 +206,12 @@ pub struct LearnerSection {
     pub activation_checkpointing: bool,
     /// Positions of vocabulary logits computed at a time (≥ 1).
     pub logprob_chunk: usize,
+    /// Run the batch in passes of whole sequences holding at most this many tokens (≥ 1; a
+    /// longer sequence gets a pass of its own) and add up their gradients: the same update as
+    /// one pass, with the learner's memory bounded by a pass instead of the batch, which lets
+    /// a large batch go without checkpointing's recomputation. `None` (the default): one pass.
+    #[serde(default)]
+    pub pass_tokens: Option<usize>,
 }
 
 /// Token sampling during rollouts.

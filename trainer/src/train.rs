@@ -12,13 +12,14 @@
 //! step: prompt order from the trainer's generator, token sampling from streams keyed by step
 //! and episode.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use burn::optim::Optimizer;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::{Int, Tensor, TensorData};
 use fathom_env::env::{EnvConfig, ReplEnv, ResetRequest, Services};
 use fathom_env::expert::PassageReader;
@@ -507,39 +508,45 @@ impl<B: ModelBackend> Run<'_, B> {
                 batch.push(&examples[order[state.data.position as usize]]);
                 state.data.position += 1;
             }
-            let seqs: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
             let total: usize = batch
                 .iter()
                 .map(|e| e.targets[1..].iter().filter(|t| **t).count())
                 .sum();
-            let weights: Vec<f32> = batch
-                .iter()
-                .flat_map(|e| {
-                    e.targets[1..]
-                        .iter()
-                        .map(|&t| if t { 1.0 / total.max(1) as f32 } else { 0.0 })
-                })
-                .collect();
-            // Only the target tokens' log-probabilities are computed: the output head runs on
-            // the assistant's positions alone, not on the prompt's and the observations'.
-            let scored: Vec<&[bool]> = batch.iter().map(|e| e.targets.as_slice()).collect();
-            let device = self.device.clone();
-            let out = fathom_model::forward_backward_scored(
-                &model,
-                &seqs,
-                &scored,
-                pass(&sft.learner, 1.0),
-                self.device,
-                |lp: &SequenceLogprobs<Ad<B>>| {
-                    let n = weights.len();
-                    let w = Tensor::<Ad<B>, 1>::from_data(
-                        TensorData::new(weights.clone(), [n]),
-                        &device,
-                    );
-                    ((lp.logprobs.clone() * w).sum().neg(), ())
-                },
-            )?;
-            let mut grads = out.grads;
+            let (mut loss, mut grads) = (0f64, None::<GradientsParams>);
+            for part in passes(batch.iter().map(|e| e.ids.len()), sft.learner.pass_tokens) {
+                let examples = &batch[part];
+                let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
+                let weights: Vec<f32> = examples
+                    .iter()
+                    .flat_map(|e| {
+                        e.targets[1..]
+                            .iter()
+                            .map(|&t| if t { 1.0 / total.max(1) as f32 } else { 0.0 })
+                    })
+                    .collect();
+                // Only the target tokens' log-probabilities are computed: the output head runs
+                // on the assistant's positions alone, not on the prompt's and the observations'.
+                let scored: Vec<&[bool]> = examples.iter().map(|e| e.targets.as_slice()).collect();
+                let device = self.device.clone();
+                let out = fathom_model::forward_backward_scored(
+                    &model,
+                    &seqs,
+                    &scored,
+                    pass(&sft.learner, 1.0),
+                    self.device,
+                    |lp: &SequenceLogprobs<Ad<B>>| {
+                        let n = weights.len();
+                        let w = Tensor::<Ad<B>, 1>::from_data(
+                            TensorData::new(weights.clone(), [n]),
+                            &device,
+                        );
+                        ((lp.logprobs.clone() * w).sum().neg(), ())
+                    },
+                )?;
+                loss += out.loss as f64;
+                grads = Some(accumulate(&model, grads, out.grads));
+            }
+            let mut grads = grads.expect("a batch of at least one example has a pass");
             let clipping =
                 crate::optim::clip_global_norm(&model, &mut grads, sft.optimizer.grad_clip);
             let lr = sft
@@ -551,10 +558,11 @@ impl<B: ModelBackend> Run<'_, B> {
             let m = StepMetrics {
                 stage: Stage::Sft,
                 step: state.step,
-                loss: out.loss as f64,
+                loss,
                 learning_rate: lr,
                 grad_norm: clipping.norm,
-                tokens_per_second: seqs.iter().map(|s| s.len()).sum::<usize>() as f64 / elapsed,
+                tokens_per_second: batch.iter().map(|e| e.ids.len()).sum::<usize>() as f64
+                    / elapsed,
                 time: StepTime {
                     generation_s: 0.0,
                     environment_s: 0.0,
@@ -896,33 +904,82 @@ pub fn learn<B: ModelBackend>(
         }
         None => None,
     };
+    let parts = passes(samples.iter().map(|s| s.ids.len()), g.learner.pass_tokens);
     // Every position's log-probability is computed, not only the sampled tokens' (as SFT
     // does): the loss reads only the sampled ones, but skipping the others changes rounding,
     // and the tiny recipe's single-seed GRPO check (tests/learning.rs) is chaotic in it.
     for _ in 0..g.optimizer_steps_per_batch {
-        let out = fathom_model::forward_backward(
-            &model,
-            &seqs,
-            pass(&g.learner, temperature),
-            device,
-            |lp: &SequenceLogprobs<Ad<B>>| {
-                let new = padded(lp.logprobs.clone(), &lp.offsets, cols);
-                let entropy = padded(lp.entropy.clone(), &lp.offsets, cols);
-                let reference = ref_logprobs.clone().map(Tensor::from_inner);
-                match policy_loss(new, &batch, reference, Some(entropy), &g.loss) {
-                    Ok(p) => (p.loss, Ok(p.stats)),
-                    Err(e) => (Tensor::zeros([1], &lp.logprobs.device()), Err(e)),
-                }
-            },
-        )?;
-        learned.stats = out.aux?;
-        let mut grads = out.grads;
+        let mut loss = 0f64;
+        let mut stats = Vec::with_capacity(parts.len());
+        let mut grads: Option<GradientsParams> = None;
+        for part in &parts {
+            let rows = batch.rows(part.clone());
+            let reference = ref_logprobs
+                .as_ref()
+                .map(|r| r.clone().slice([part.clone(), 0..cols]));
+            let out = fathom_model::forward_backward(
+                &model,
+                &seqs[part.clone()],
+                pass(&g.learner, temperature),
+                device,
+                |lp: &SequenceLogprobs<Ad<B>>| {
+                    let new = padded(lp.logprobs.clone(), &lp.offsets, cols);
+                    let entropy = padded(lp.entropy.clone(), &lp.offsets, cols);
+                    let reference = reference.map(Tensor::from_inner);
+                    match policy_loss(new, &rows, reference, Some(entropy), &g.loss) {
+                        Ok(p) => (p.loss, Ok(p.stats)),
+                        Err(e) => (Tensor::zeros([1], &lp.logprobs.device()), Err(e)),
+                    }
+                },
+            )?;
+            stats.push(out.aux?);
+            loss += out.loss as f64;
+            grads = Some(accumulate(&model, grads, out.grads));
+        }
+        let mut grads = grads.expect("a non-empty batch has a pass");
         let clipping = crate::optim::clip_global_norm(&model, &mut grads, g.optimizer.grad_clip);
         learned.grad_norm = clipping.norm;
-        learned.loss = out.loss as f64;
+        learned.loss = loss;
+        learned.stats = crate::grpo::LossStats::merge(&stats);
         model = optim.step(lr, model, grads);
     }
     Ok((model, learned))
+}
+
+/// `sum + grads`: the gradients of one more pass over part of a batch.
+fn accumulate<B: burn::tensor::backend::AutodiffBackend>(
+    model: &Qwen2ForCausalLM<B>,
+    sum: Option<GradientsParams>,
+    grads: GradientsParams,
+) -> GradientsParams {
+    match sum {
+        None => grads,
+        Some(mut sum) => {
+            fathom_model::add_gradients(model, grads, &mut sum);
+            sum
+        }
+    }
+}
+
+/// The learner's passes over a batch of sequences of lengths `lens`: consecutive runs holding
+/// at most `budget` tokens (a longer sequence alone), or the whole batch when there is no
+/// budget.
+fn passes(lens: impl Iterator<Item = usize>, budget: Option<usize>) -> Vec<Range<usize>> {
+    let mut parts: Vec<Range<usize>> = Vec::new();
+    let mut tokens = 0;
+    for (i, len) in lens.enumerate() {
+        match parts.last_mut() {
+            Some(last) if budget.is_none_or(|b| tokens + len <= b) => {
+                last.end = i + 1;
+                tokens += len;
+            }
+            _ => {
+                parts.push(i..i + 1);
+                tokens = len;
+            }
+        }
+    }
+    parts
 }
 
 /// A permutation of `0..n` drawn from `rng`.
@@ -951,4 +1008,107 @@ pub fn strip<B: burn::tensor::backend::Backend>(
         p.lora = None;
     }
     model
+}
+
+#[cfg(test)]
+mod tests {
+    use fathom_model::lora::init_rng;
+    use fathom_model::{Cpu, LoraSettings, Qwen2Config, Target};
+
+    use super::*;
+    use crate::grpo::Sample;
+    use crate::recipe::Recipe;
+
+    #[test]
+    fn passes_hold_whole_sequences_within_the_budget() {
+        let lens = [3, 4, 2, 9, 1, 1];
+        let at = |budget| passes(lens.iter().copied(), budget);
+        assert_eq!(at(None), vec![0..6]);
+        assert_eq!(at(Some(7)), vec![0..2, 2..3, 3..4, 4..6]);
+        assert_eq!(at(Some(1)), (0..6).map(|i| i..i + 1).collect::<Vec<_>>());
+        assert_eq!(at(Some(100)), vec![0..6]);
+        assert!(passes(std::iter::empty(), Some(4)).is_empty());
+    }
+
+    /// The adapter weights of a model, in parameter order.
+    fn adapter(model: &Qwen2ForCausalLM<Ad<Cpu>>) -> Vec<f32> {
+        let mut out = Vec::new();
+        for (_, p) in model.projections() {
+            let lora = p.lora.as_ref().expect("every projection has an adapter");
+            for w in [&lora.lora_a, &lora.lora_b] {
+                out.extend(w.val().into_data().to_vec::<f32>().unwrap());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_grpo_update_in_passes_equals_the_update_in_one_pass() {
+        let device = Default::default();
+        let recipe = Recipe::parse(include_str!("../../recipes/tiny-grpo.ron"), "tiny-grpo.ron")
+            .expect("the tiny recipe parses");
+        let lora = LoraSettings {
+            rank: 2,
+            alpha: 4.0,
+            dropout: 0.0,
+            rslora: false,
+            targets: Target::ALL.to_vec(),
+        };
+        let samples: Vec<Sample> = (0..4)
+            .map(|i| {
+                let n = 6 + 3 * i;
+                Sample {
+                    ids: (0..n).map(|t| ((t * 7 + i * 5) % 48) as u32).collect(),
+                    sampled: (0..n).map(|t| t >= 3).collect(),
+                    logprobs: (0..n)
+                        .map(|t| if t >= 3 { -3.0 - 0.1 * t as f32 } else { 0.0 })
+                        .collect(),
+                }
+            })
+            .collect();
+        let refs: Vec<&Sample> = samples.iter().collect();
+        let advantages = [1.0, -0.5, 0.25, -0.75];
+        let update = |pass_tokens| {
+            let mut g = recipe.grpo.clone();
+            g.learner.pass_tokens = pass_tokens;
+            g.optimizer_steps_per_batch = 2;
+            let model = Qwen2ForCausalLM::<Ad<Cpu>>::random(
+                Qwen2Config::with_shape(48, 16, 24, 2, 4, 2),
+                5,
+                false,
+                &device,
+            )
+            .attach_lora(&lora, &mut init_rng(3), &device);
+            let mut optim = g.optimizer.init();
+            let (model, learned) = learn::<Cpu>(
+                model,
+                &mut optim,
+                &refs,
+                &advantages,
+                &g,
+                None,
+                1.0,
+                1e-2,
+                &device,
+            )
+            .expect("the update runs");
+            (adapter(&model), learned)
+        };
+        let (whole, one) = update(None);
+        // 6 + 9 tokens, then 12 and 15 alone: three passes
+        let (parts, three) = update(Some(15));
+        assert_eq!(
+            passes(samples.iter().map(|s| s.ids.len()), Some(15)).len(),
+            3
+        );
+        assert!((one.loss - three.loss).abs() < 1e-5, "{one:?} vs {three:?}");
+        assert!((one.grad_norm - three.grad_norm).abs() < 1e-5 * one.grad_norm.max(1.0));
+        assert_eq!(one.stats.tokens, three.stats.tokens);
+        assert!((one.stats.mean_ratio - three.stats.mean_ratio).abs() < 1e-6);
+        let moved = whole.iter().filter(|w| **w != 0.0).count();
+        assert!(moved > whole.len() / 2, "the update moved the adapter");
+        for (a, b) in whole.iter().zip(&parts) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+    }
 }

@@ -310,3 +310,63 @@ fn the_batch_lines_up_with_the_learners_log_probabilities() {
     // At ratio 1 the loss is −Σ_b A_b · (n_b / n_b) / B = −(0.7 − 0.7) / 2 = 0.
     assert!((out.loss.into_scalar() as f64).abs() < 1e-6);
 }
+
+#[test]
+fn the_rows_of_a_partition_add_up_to_the_whole_batch() {
+    let device = Default::default();
+    for normalization in [
+        LossNormalization::TokenLevel,
+        LossNormalization::PerSequence,
+        LossNormalization::DrGrpo { max_tokens: 5 },
+    ] {
+        let s = settings(normalization, 0.0);
+        let (whole_loss, whole_grad, whole_stats) = run(NEW, None, &s);
+        let batch = LossBatch::<Ad>::new(&host(), &ADV, normalization, &device).unwrap();
+        let (mut loss, mut grad, mut stats) = (0f64, Vec::new(), Vec::new());
+        for row in 0..2 {
+            let part = batch.rows(row..row + 1);
+            assert_eq!(part.dims(), [1, 3]);
+            let new = Tensor::<Ad, 2>::from_data(
+                TensorData::new(NEW[row * 3..row * 3 + 3].to_vec(), [1, 3]),
+                &device,
+            )
+            .require_grad();
+            let out = policy_loss(new.clone(), &part, None, None, &s).unwrap();
+            loss += out.loss.clone().into_scalar() as f64;
+            let grads = out.loss.backward();
+            grad.extend(
+                new.grad(&grads)
+                    .unwrap()
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap(),
+            );
+            stats.push(out.stats);
+        }
+        assert!((loss - whole_loss).abs() < 1e-6, "{loss} vs {whole_loss}");
+        let want: Vec<f64> = whole_grad.iter().map(|g| *g as f64).collect();
+        assert_close(&grad, &want, "gradient of the parts");
+        let merged = LossStats::merge(&stats);
+        assert_eq!(merged.tokens, whole_stats.tokens);
+        for (got, want) in [
+            (merged.clip_low, whole_stats.clip_low),
+            (merged.clip_high, whole_stats.clip_high),
+            (merged.mean_ratio, whole_stats.mean_ratio),
+        ] {
+            assert!((got - want).abs() < 1e-9, "{merged:?} vs {whole_stats:?}");
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "rows 1..3 of a batch of 2")]
+fn rows_past_the_batch_are_refused() {
+    let batch = LossBatch::<Ad>::new(
+        &host(),
+        &ADV,
+        LossNormalization::TokenLevel,
+        &Default::default(),
+    )
+    .unwrap();
+    let _ = batch.rows(1..3);
+}

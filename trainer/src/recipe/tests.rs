@@ -250,6 +250,12 @@ fn bad_values_are_named_with_their_line() {
             "heldout: (split: train",
         ),
         (
+            "learner: (activation_checkpointing: false, logprob_chunk: 256)",
+            "learner: (activation_checkpointing: false, logprob_chunk: 256, pass_tokens: Some(0))",
+            "sft.learner.pass_tokens",
+            "pass_tokens: Some(0)",
+        ),
+        (
             "wasteful_fraction: 0.25)",
             "wasteful_fraction: 0.25, llm_share: 1.5)",
             "sft.traces.llm_share",

@@ -41,13 +41,16 @@ fn within(section: &str) -> impl Fn((&'static str, String)) -> Failure + '_ {
     move |(field, message)| (format!("{section}.{field}"), message)
 }
 
-/// A learner section: a positive chunk, and no LoRA dropout under checkpointing.
+/// A learner section: a positive chunk and pass size, and no LoRA dropout under checkpointing.
 fn learner(
     section: &str,
     l: &crate::recipe::LearnerSection,
     model: &crate::recipe::ModelSection,
 ) -> Result<(), Failure> {
     positive(&format!("{section}.logprob_chunk"), l.logprob_chunk)?;
+    if let Some(tokens) = l.pass_tokens {
+        positive(&format!("{section}.pass_tokens"), tokens)?;
+    }
     if let crate::recipe::Tuning::Lora(lora) = &model.tuning
         && l.activation_checkpointing
         && lora.dropout > 0.0
