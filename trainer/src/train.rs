@@ -870,7 +870,9 @@ pub struct Learned {
 /// The learner's part of a GRPO step: `grpo.optimizer_steps_per_batch` optimiser steps on the
 /// episodes `samples` with their `advantages` (the clipped policy loss against the sampling
 /// log-probabilities, optionally k3 KL to `reference`, global-norm clipping, AdamW at `lr`).
-/// Nothing happens for an empty batch.
+/// Each optimiser step runs the batch in passes of `grpo.learner.pass_tokens` (whole episodes,
+/// the loss normalised over the whole batch) and adds their gradients. Nothing happens for an
+/// empty batch.
 #[allow(clippy::too_many_arguments)]
 pub fn learn<B: ModelBackend>(
     mut model: Qwen2ForCausalLM<Ad<B>>,
