@@ -906,7 +906,17 @@ pub fn learn<B: ModelBackend>(
         }
         None => None,
     };
-    let parts = passes(samples.iter().map(|s| s.ids.len()), g.learner.pass_tokens);
+    // Each pass's rows of the batch and of the reference, cut once for every optimiser step.
+    let parts: Vec<_> = passes(samples.iter().map(|s| s.ids.len()), g.learner.pass_tokens)
+        .into_iter()
+        .map(|part| {
+            let rows = batch.rows(part.clone());
+            let reference = ref_logprobs
+                .as_ref()
+                .map(|r| r.clone().slice([part.clone(), 0..cols]));
+            (part, rows, reference)
+        })
+        .collect();
     // Every position's log-probability is computed, not only the sampled tokens' (as SFT
     // does): the loss reads only the sampled ones, but skipping the others changes rounding,
     // and the tiny recipe's single-seed GRPO check (tests/learning.rs) is chaotic in it.
@@ -914,11 +924,7 @@ pub fn learn<B: ModelBackend>(
         let mut loss = 0f64;
         let mut stats = Vec::with_capacity(parts.len());
         let mut grads: Option<GradientsParams> = None;
-        for part in &parts {
-            let rows = batch.rows(part.clone());
-            let reference = ref_logprobs
-                .as_ref()
-                .map(|r| r.clone().slice([part.clone(), 0..cols]));
+        for (part, rows, reference) in &parts {
             let out = fathom_model::forward_backward(
                 &model,
                 &seqs[part.clone()],
@@ -927,8 +933,8 @@ pub fn learn<B: ModelBackend>(
                 |lp: &SequenceLogprobs<Ad<B>>| {
                     let new = padded(lp.logprobs.clone(), &lp.offsets, cols);
                     let entropy = padded(lp.entropy.clone(), &lp.offsets, cols);
-                    let reference = reference.map(Tensor::from_inner);
-                    match policy_loss(new, &rows, reference, Some(entropy), &g.loss) {
+                    let reference = reference.clone().map(Tensor::from_inner);
+                    match policy_loss(new, rows, reference, Some(entropy), &g.loss) {
                         Ok(p) => (p.loss, Ok(p.stats)),
                         Err(e) => (Tensor::zeros([1], &lp.logprobs.device()), Err(e)),
                     }

@@ -92,22 +92,28 @@ fn lane_max(acc: [f32; LANES]) -> f32 {
     acc.into_iter().fold(f32::NEG_INFINITY, f32::max)
 }
 
+/// Maps `row` through `f` in place and returns its largest value (−∞ when empty).
+#[inline(always)]
+fn map_max(row: &mut [f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for i in 0..LANES {
+            c[i] = f(c[i]);
+            acc[i] = acc[i].max(c[i]);
+        }
+    }
+    for (i, x) in chunks.into_remainder().iter_mut().enumerate() {
+        *x = f(*x);
+        acc[i] = acc[i].max(*x);
+    }
+    lane_max(acc)
+}
+
 dispatch! {
     /// Multiplies `row` by `scale` in place and returns its largest value (−∞ when empty).
     pub fn scale_max(row: &mut [f32], scale: f32) -> f32 {
-        let mut acc = [f32::NEG_INFINITY; LANES];
-        let mut chunks = row.chunks_exact_mut(LANES);
-        for c in &mut chunks {
-            for i in 0..LANES {
-                c[i] *= scale;
-                acc[i] = acc[i].max(c[i]);
-            }
-        }
-        for (i, x) in chunks.into_remainder().iter_mut().enumerate() {
-            *x *= scale;
-            acc[i] = acc[i].max(*x);
-        }
-        lane_max(acc)
+        map_max(row, |x| x * scale)
     }
 }
 
@@ -139,19 +145,7 @@ dispatch! {
 dispatch! {
     /// Divides `row` by `temperature` in place and returns its largest value (−∞ when empty).
     pub fn divide_max(row: &mut [f32], temperature: f32) -> f32 {
-        let mut acc = [f32::NEG_INFINITY; LANES];
-        let mut chunks = row.chunks_exact_mut(LANES);
-        for c in &mut chunks {
-            for i in 0..LANES {
-                c[i] /= temperature;
-                acc[i] = acc[i].max(c[i]);
-            }
-        }
-        for (i, x) in chunks.into_remainder().iter_mut().enumerate() {
-            *x /= temperature;
-            acc[i] = acc[i].max(*x);
-        }
-        lane_max(acc)
+        map_max(row, |x| x / temperature)
     }
 }
 
