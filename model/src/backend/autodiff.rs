@@ -10,9 +10,12 @@
 //! - **Attention**: keeps queries, keys, values, the output and one log-sum-exp per query, and
 //!   recomputes each query block's probabilities in the backward pass
 //!   ([`ModelBackend::attention_backward`]); no `[heads, T, T]` tensor outlives its block.
-//! - **Log-probabilities**: keeps the hidden states and recomputes each chunk's logits in the
-//!   backward pass ([`ModelBackend::token_logprobs_backward`]); no `[T, vocab]` tensor outlives
-//!   its chunk.
+//! - **Log-probabilities**: no `[T, vocab]` tensor outlives its chunk. Where the backend gives
+//!   it ([`ModelBackend::token_logprobs_tracked`]), the forward pass keeps the
+//!   log-probabilities' own hidden-state gradient, taken from each chunk's probabilities, and
+//!   the backward pass scales it; an entropy gradient (which no trainer loss has) or a backend
+//!   without it falls back to keeping the hidden states and recomputing each chunk's logits
+//!   ([`ModelBackend::token_logprobs_backward`]).
 //!
 //! Cached attention (inference) and a trainable output head fall back to burn's own operations,
 //! which are differentiable but keep their intermediates.
@@ -114,14 +117,27 @@ impl<B: ModelBackend> Backward<B, 3> for Attention {
 #[derive(Debug)]
 struct TokenLogprobs;
 
+/// What the log-probabilities' backward pass needs: hidden states, head, targets,
+/// temperature, chunk, and the log-probabilities' own gradient when the forward pass gave it.
+type TokenLogprobsState<B> = (
+    FloatTensor<B>,
+    Head<B>,
+    IntTensor<B>,
+    f64,
+    usize,
+    Option<FloatTensor<B>>,
+);
+
 impl<B: ModelBackend> Backward<B, 1> for TokenLogprobs {
-    /// Hidden states, head, targets, temperature, chunk.
-    type State = (FloatTensor<B>, Head<B>, IntTensor<B>, f64, usize);
+    type State = TokenLogprobsState<B>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (hidden, head, targets, temperature, chunk) = ops.state;
+        let (hidden, head, targets, temperature, chunk, dlogp) = ops.state;
         unary::<B, _>(ops.parents, ops.node, grads, |g| {
-            B::token_logprobs_backward(hidden, &head, targets, temperature, chunk, g)
+            match dlogp.and_then(|d| B::token_logprobs_backward_kept(d, g.clone())) {
+                Some(dh) => dh,
+                None => B::token_logprobs_backward(hidden, &head, targets, temperature, chunk, g),
+            }
         });
     }
 }
@@ -224,23 +240,38 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
             // A trainable head: burn's own operations carry its gradient.
             return reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk);
         };
-        let out = B::token_logprobs(
-            hidden.primitive.clone(),
-            &inner_head,
-            targets.clone(),
-            temperature,
-            chunk,
-        );
         match TokenLogprobs
             .prepare::<C>([hidden.node.clone()])
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(prep) => prep.finish(
-                (hidden.primitive, inner_head, targets, temperature, chunk),
-                out,
-            ),
-            OpsKind::UnTracked(prep) => prep.finish(out),
+            OpsKind::Tracked(prep) => {
+                let (out, dlogp) = B::token_logprobs_tracked(
+                    hidden.primitive.clone(),
+                    &inner_head,
+                    targets.clone(),
+                    temperature,
+                    chunk,
+                );
+                prep.finish(
+                    (
+                        hidden.primitive,
+                        inner_head,
+                        targets,
+                        temperature,
+                        chunk,
+                        dlogp,
+                    ),
+                    out,
+                )
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::token_logprobs(
+                hidden.primitive,
+                &inner_head,
+                targets,
+                temperature,
+                chunk,
+            )),
         }
     }
 }

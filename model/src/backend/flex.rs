@@ -393,6 +393,44 @@ impl ModelBackend for Flex {
         flex_float(out, [n, 2])
     }
 
+    fn token_logprobs_tracked(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+    ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
+        let vocab = head.rows();
+        let ids = token_ids(&targets, vocab);
+        let (Some(ids), DType::F32) = (ids, hidden.dtype()) else {
+            let out = reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk);
+            return (out, None);
+        };
+        let [n, width] = [hidden.shape()[0], hidden.shape()[1]];
+        let (out, dlogp) = logprobs::token_logprobs_with_gradient(
+            &f32s(&hidden),
+            width,
+            &ids,
+            temperature as f32,
+            chunk,
+            |x, m| into_f32_vec(head.forward(flex_float(x.to_vec(), [m, width]))),
+            |dz, m| into_f32_vec(head.backward(flex_float(dz, [m, vocab]))),
+        );
+        (flex_float(out, [n, 2]), Some(flex_float(dlogp, [n, width])))
+    }
+
+    fn token_logprobs_backward_kept(
+        dlogp: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> Option<FloatTensor<Self>> {
+        let [n, width] = [dlogp.shape()[0], dlogp.shape()[1]];
+        if dlogp.dtype() != DType::F32 || grad.dtype() != DType::F32 || grad.shape()[0] != n {
+            return None;
+        }
+        let out = logprobs::scale_logprob_gradient(&f32s(&dlogp), width, &f32s(&grad))?;
+        Some(flex_float(out, [n, width]))
+    }
+
     fn token_logprobs_backward(
         hidden: FloatTensor<Self>,
         head: &Head<Self>,

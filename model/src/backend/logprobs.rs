@@ -44,6 +44,69 @@ pub fn token_logprobs(
     out
 }
 
+/// [`token_logprobs`] and, from the same chunks' logits, the log-probabilities' own gradient
+/// with respect to `hidden` (`[n, width]`: `((onehot(target) − p) / temperature) · W` for each
+/// position), for a pass whose entropies receive no gradient. Its backward pass is then one
+/// scaling by each position's log-probability gradient, instead of recomputing every chunk's
+/// logits and multiplying their gradient by the head ([`token_logprobs_backward`]): two head
+/// products in all instead of three. `head` and `head_backward` are as there.
+pub fn token_logprobs_with_gradient(
+    hidden: &[f32],
+    width: usize,
+    targets: &[u32],
+    temperature: f32,
+    chunk: usize,
+    head: impl Fn(&[f32], usize) -> Vec<f32>,
+    head_backward: impl Fn(Vec<f32>, usize) -> Vec<f32>,
+) -> (Vec<f32>, Vec<f32>) {
+    let n = targets.len();
+    assert_eq!(hidden.len(), n * width, "hidden states have the wrong size");
+    let chunk = chunk.max(1);
+    let mut out = vec![0f32; 2 * n];
+    let mut grad = Vec::with_capacity(n * width);
+    for (c, out) in out.chunks_mut(2 * chunk).enumerate() {
+        let start = c * chunk;
+        let m = out.len() / 2;
+        let mut z = head(&hidden[start * width..(start + m) * width], m);
+        let vocab = z.len() / m.max(1);
+        z.par_chunks_mut(vocab)
+            .zip(out.par_chunks_mut(2))
+            .zip(&targets[start..start + m])
+            .for_each(|((row, o), &t)| {
+                let s = stats(row, temperature);
+                o[0] = row[t as usize] - s.lse;
+                o[1] = s.lse - s.weighted / s.sum;
+                // The backward pass's logit gradient for a unit log-probability gradient.
+                vmath::logit_grad(row, s.max, s.sum, s.weighted / s.sum, 1.0, 0.0, temperature);
+                row[t as usize] += 1.0 / temperature;
+            });
+        grad.extend(head_backward(z, m));
+    }
+    (out, grad)
+}
+
+/// The hidden-state gradient from [`token_logprobs_with_gradient`]'s `dlogp` (`[n, width]`)
+/// for the output gradient `grad` (`[n, 2]`): each row of `dlogp` scaled by its position's
+/// log-probability gradient. `None` when an entropy has a non-zero gradient, which `dlogp`
+/// does not cover (then [`token_logprobs_backward`] recomputes).
+pub fn scale_logprob_gradient(dlogp: &[f32], width: usize, grad: &[f32]) -> Option<Vec<f32>> {
+    assert_eq!(
+        dlogp.len() * 2,
+        grad.len() * width,
+        "gradients have mismatched sizes"
+    );
+    if grad.chunks(2).any(|g| g[1] != 0.0) {
+        return None;
+    }
+    let mut out = dlogp.to_vec();
+    if width > 0 {
+        out.par_chunks_mut(width)
+            .zip(grad.par_chunks(2))
+            .for_each(|(row, g)| row.iter_mut().for_each(|v| *v *= g[0]));
+    }
+    Some(out)
+}
+
 /// The gradient `[n, width]` of [`token_logprobs`] with respect to `hidden`, for the output
 /// gradient `grad` `[n, 2]`. `head` is as there; `head_backward(dz, m)` returns `dz · W`
 /// `[m, width]` for `dz` `[m, vocab]`.
@@ -137,6 +200,59 @@ mod tests {
                 .collect()
         };
         (forward, backward)
+    }
+
+    #[test]
+    fn the_forward_gradient_equals_the_recomputing_backward_pass() {
+        let (n, width, vocab) = (7, 4, 11);
+        let w: Vec<f32> = (0..vocab * width)
+            .map(|i| ((i * 29 % 13) as f32 - 6.0) / 5.0)
+            .collect();
+        let hidden: Vec<f32> = (0..n * width)
+            .map(|i| ((i * 17 % 9) as f32 - 4.0) / 3.0)
+            .collect();
+        let targets = [0u32, 10, 3, 3, 7, 1, 5];
+        let (fwd, bwd) = head(&w, width);
+        for (chunk, temperature) in [(1, 1.0f32), (3, 0.7), (7, 1.3), (20, 1.0)] {
+            let plain = token_logprobs(&hidden, width, &targets, temperature, chunk, &fwd);
+            let (values, dlogp) = token_logprobs_with_gradient(
+                &hidden,
+                width,
+                &targets,
+                temperature,
+                chunk,
+                &fwd,
+                &bwd,
+            );
+            assert_eq!(values, plain, "chunk {chunk}: values");
+            let grad: Vec<f32> = (0..2 * n)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        (i as f32 - 5.0) / 4.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let want = token_logprobs_backward(
+                &hidden,
+                width,
+                &targets,
+                temperature,
+                chunk,
+                &grad,
+                &fwd,
+                &bwd,
+            );
+            let got = scale_logprob_gradient(&dlogp, width, &grad).expect("no entropy gradient");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() < 1e-5, "chunk {chunk} d[{i}]: {g} vs {w}");
+            }
+            // An entropy gradient is not covered: the caller must recompute.
+            let mut with_entropy = grad.clone();
+            with_entropy[3] = 0.5;
+            assert!(scale_logprob_gradient(&dlogp, width, &with_entropy).is_none());
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! `Autodiff<B>` makes the projections, attention and log-probabilities custom autodiff
 //! operations whose backward passes recompute what they need instead of keeping it
 //! ([`autodiff`]): an NF4 projection keeps only its packed weight, attention keeps its inputs
-//! and one log-sum-exp per query, and the log-probabilities keep only the hidden states.
+//! and one log-sum-exp per query, and the log-probabilities keep the hidden states (and, on the
+//! CPU, their own hidden-state gradient, so that the backward pass need not recompute logits).
 
 pub mod attention;
 pub mod autodiff;
@@ -301,6 +302,37 @@ pub trait ModelBackend: Backend {
         chunk: usize,
     ) -> FloatTensor<Self> {
         reference::token_logprobs::<Self>(hidden, head, targets, temperature, chunk)
+    }
+
+    /// [`ModelBackend::token_logprobs`] for a pass that will be differentiated, with — where
+    /// the backend gives it cheaply — the log-probabilities' own hidden-state gradient
+    /// `[n, width]`, taken from each chunk's probabilities while they exist (one more head
+    /// product now, none in the backward pass; see
+    /// [`ModelBackend::token_logprobs_backward_kept`]). The default gives `None`.
+    fn token_logprobs_tracked(
+        hidden: FloatTensor<Self>,
+        head: &Head<Self>,
+        targets: IntTensor<Self>,
+        temperature: f64,
+        chunk: usize,
+    ) -> (FloatTensor<Self>, Option<FloatTensor<Self>>) {
+        (
+            Self::token_logprobs(hidden, head, targets, temperature, chunk),
+            None,
+        )
+    }
+
+    /// The hidden-state gradient for the output gradient `grad` `[n, 2]` from the `dlogp` that
+    /// [`ModelBackend::token_logprobs_tracked`] kept: each row scaled by its position's
+    /// log-probability gradient. `None` when an entropy has a gradient (which `dlogp` does not
+    /// cover) or the backend cannot tell; the caller then recomputes with
+    /// [`ModelBackend::token_logprobs_backward`]. The default gives `None`.
+    fn token_logprobs_backward_kept(
+        dlogp: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> Option<FloatTensor<Self>> {
+        let _ = (dlogp, grad);
+        None
     }
 
     /// The hidden-state gradient of [`ModelBackend::token_logprobs`] for the output gradient

@@ -337,6 +337,27 @@ unsafe fn transpose16(src: *const f32, src_stride: usize, dst: *mut f32, dst_str
     }
 }
 
+/// Height of `gemm`'s f32 AVX-512 micro-kernel (four vectors of 16). `gemm` runs
+/// [`tiled_gemm`]'s products transposed (its output is row-major), so a tile's weight rows are
+/// the micro-kernel's rows: a tile of 29 rows (a 1 MiB tile of an 8960-wide weight) ran every
+/// block through the half-height kernel.
+const KERNEL_ROWS: usize = 64;
+
+/// Rows of one [`tiled_gemm`] tile of a `[rows, cols]` weight: about [`TILE_ELEMS`] elements
+/// and at most `per_thread` rows (so that every thread gets a tile), rounded down to a multiple
+/// of [`KERNEL_ROWS`] where a thread's share allows one, and never under 16 rows.
+fn tile_height(rows: usize, cols: usize, per_thread: usize) -> usize {
+    let by_size = (TILE_ELEMS / cols.max(1)).min(per_thread);
+    let rounded = if by_size >= KERNEL_ROWS {
+        by_size / KERNEL_ROWS * KERNEL_ROWS
+    } else if per_thread >= KERNEL_ROWS {
+        KERNEL_ROWS
+    } else {
+        by_size.max(16)
+    };
+    rounded.min(rows).max(1)
+}
+
 /// Input rows from which [`tiled_gemm`] hands `gemm` transposed tiles: `gemm` then reads both
 /// operands with unit stride, while a row-major tile costs it a scalar gather while packing
 /// (measured at 28 % of a 0.5B prefill's time). Below it the transposition is not paid back.
@@ -353,10 +374,8 @@ fn tiled_gemm(x: &[f32], m: usize, rows: usize, cols: usize, source: TileSource)
     if m == 0 || rows == 0 || cols == 0 {
         return out;
     }
-    // At most TILE_ELEMS per tile, and at least one tile per thread (small weights would
-    // otherwise be a single tile on one core), but never under 16 rows.
     let per_thread = rows.div_ceil(rayon::current_num_threads().max(1));
-    let tile_rows = (TILE_ELEMS / cols).min(per_thread).max(16).min(rows);
+    let tile_rows = tile_height(rows, cols, per_thread);
     let tiles = rows.div_ceil(tile_rows);
     let transposed = m >= TRANSPOSED_TILES_FROM;
     // Tiles write disjoint column ranges of `out`; the address crosses threads as an integer.
@@ -646,6 +665,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn tiles_are_whole_kernel_heights_where_a_share_allows() {
+        // The 1.5B shape on two threads: q/o/gate/up (1536 wide), down (8960 wide), k/v.
+        assert_eq!(tile_height(1536, 1536, 768), 128);
+        assert_eq!(tile_height(8960, 1536, 4480), 128);
+        assert_eq!(tile_height(1536, 8960, 768), 64);
+        assert_eq!(tile_height(256, 1536, 128), 128);
+        // SmolLM2's 576-wide projections, a tiny model, and a weight of fewer rows than 16.
+        assert_eq!(tile_height(1536, 576, 768), 448);
+        assert_eq!(tile_height(64, 64, 32), 32);
+        assert_eq!(tile_height(24, 64, 12), 16);
+        assert_eq!(tile_height(8, 64, 4), 8);
     }
 
     #[test]
