@@ -10,7 +10,6 @@
 //! the embedding table may stay bf16 (rows are widened as they are gathered).
 
 use burn::module::{Module, Param};
-use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Int, Tensor, TensorPrimitive};
 
@@ -227,8 +226,11 @@ impl<B: ModelBackend> Mlp<B> {
     /// # Shapes
     /// - `x`, output: `[n, hidden]`
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gate = self.gate_proj.forward(x.clone()).into_primitive().tensor();
+        let up = self.up_proj.forward(x).into_primitive().tensor();
+        let act = B::swiglu(gate, up);
+        self.down_proj
+            .forward(Tensor::from_primitive(TensorPrimitive::Float(act)))
     }
 }
 

@@ -1,5 +1,5 @@
 //! The training path against plain burn operations: the custom autodiff operations (NF4 and
-//! dense projections, attention, chunked log-probabilities) give the values and gradients of
+//! dense projections, attention, SwiGLU, chunked log-probabilities) give the values and gradients of
 //! the straightforward computations they replace, per-layer checkpointing gives the gradients
 //! of the ordinary backward pass, attention matches a naive host implementation, and full
 //! fine-tuning gives every weight the gradient central differences measure; scoring only some
@@ -50,6 +50,65 @@ fn seeded(shape: [usize; 2], seed: u64) -> Tensor<Ad, 2> {
         .map(|i| ((((i as u64 + 1) * (seed * 2654435761 + 97)) % 2001) as f32 / 1000.0) - 1.0)
         .collect();
     Tensor::from_data(TensorData::new(v, shape), &Default::default())
+}
+
+#[test]
+fn swiglu_op_values_and_gradients_equal_burns_silu_times_up() {
+    // Values spread over [-4, 4], plus a column far outside exp's range.
+    let scale = |t: Tensor<Ad, 2>| t * 4.0;
+    let (gate, up, r) = (
+        scale(seeded([37, 29], 5)),
+        seeded([37, 29], 6),
+        seeded([37, 29], 7),
+    );
+    let gate = Tensor::cat(
+        vec![gate, Tensor::full([37, 1], 120.0, &Default::default())],
+        1,
+    );
+    let gate = Tensor::cat(
+        vec![gate, Tensor::full([37, 1], -120.0, &Default::default())],
+        1,
+    );
+    let up = Tensor::cat(vec![up, seeded([37, 2], 8)], 1);
+    let r = Tensor::cat(vec![r, seeded([37, 2], 9)], 1);
+    let run = |custom: bool| {
+        let (g, u) = (gate.clone().require_grad(), up.clone().require_grad());
+        let out: Tensor<Ad, 2> = if custom {
+            float(Ad::swiglu(prim(g.clone()), prim(u.clone())))
+        } else {
+            burn::tensor::activation::silu(g.clone()) * u.clone()
+        };
+        let grads = (out.clone() * r.clone()).sum().backward();
+        [
+            values(out),
+            values(g.grad(&grads).unwrap()),
+            values(u.grad(&grads).unwrap()),
+        ]
+    };
+    let (custom, plain) = (run(true), run(false));
+    for (name, (a, b)) in ["value", "d_gate", "d_up"]
+        .iter()
+        .zip(custom.iter().zip(&plain))
+    {
+        assert!(a.iter().all(|v| v.is_finite()), "{name} is not finite");
+        let diff = max_diff(a, b);
+        assert!(diff < 1e-5 * 120.0, "{name}: {diff}");
+    }
+    // The default (burn's operations, what GPU backends run) against the host loop.
+    let (gi, ui, ri) = (gate.clone().inner(), up.clone().inner(), r.clone().inner());
+    let host = values(float::<Cpu, 2>(Cpu::swiglu(
+        prim(gi.clone()),
+        prim(ui.clone()),
+    )));
+    let default = values(float::<Cpu, 2>(reference::swiglu::<Cpu>(
+        prim(gi.clone()),
+        prim(ui.clone()),
+    )));
+    assert!(max_diff(&host, &default) < 1e-5 * 120.0);
+    let (dg, du) = Cpu::swiglu_backward(prim(gi.clone()), prim(ui.clone()), prim(ri.clone()));
+    let (rg, ru) = reference::swiglu_backward::<Cpu>(prim(gi), prim(ui), prim(ri));
+    assert!(max_diff(&values(float::<Cpu, 2>(dg)), &values(float::<Cpu, 2>(rg))) < 1e-5);
+    assert!(max_diff(&values(float::<Cpu, 2>(du)), &values(float::<Cpu, 2>(ru))) < 1e-5 * 120.0);
 }
 
 #[test]

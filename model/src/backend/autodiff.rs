@@ -7,6 +7,8 @@
 //!   f32 weight of every projection would stay alive until the backward pass.
 //! - **Dense projection**: the same for a frozen dense (f32 or bf16) weight; when the weight is
 //!   trainable (full fine-tuning) its gradient `grad_yᵀ · x` is computed too.
+//! - **SwiGLU**: `silu(gate) · up` as one operation that keeps its two inputs (burn's `silu`
+//!   and product keep the sigmoid and the activation as well).
 //! - **Attention**: keeps queries, keys, values, the output and one log-sum-exp per query, and
 //!   recomputes each query block's probabilities in the backward pass
 //!   ([`ModelBackend::attention_backward`]); no `[heads, T, T]` tensor outlives its block.
@@ -115,6 +117,26 @@ impl<B: ModelBackend> Backward<B, 3> for Attention {
 }
 
 #[derive(Debug)]
+struct SwiGlu;
+
+impl<B: ModelBackend> Backward<B, 2> for SwiGlu {
+    /// Gate and up projections' outputs.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (gate, up) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let (d_gate, d_up) = B::swiglu_backward(gate, up, grad);
+        let [pg, pu] = ops.parents;
+        for (parent, g) in [(pg, d_gate), (pu, d_up)] {
+            if let Some(node) = parent {
+                grads.register::<B>(node.id, g);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
 struct TokenLogprobs;
 
 /// What the log-probabilities' backward pass needs: hidden states, head, targets,
@@ -206,6 +228,17 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
             OpsKind::UnTracked(prep) => {
                 prep.finish(B::nf4_linear(x.primitive, codes, absmax, table, rows, cols))
             }
+        }
+    }
+
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let nodes = [gate.node.clone(), up.node.clone()];
+        match SwiGlu.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = B::swiglu(gate.primitive.clone(), up.primitive.clone());
+                prep.finish((gate.primitive, up.primitive), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(gate.primitive, up.primitive)),
         }
     }
 

@@ -12,9 +12,11 @@ use burn::tensor::{DType, Int, Tensor, TensorData, TensorMetadata, TensorPrimiti
 
 use std::borrow::Cow;
 
+use rayon::prelude::*;
+
 use super::attention::{self, KvView, Sequence};
 use super::gemv::{self, Weight};
-use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference};
+use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference, vmath};
 use crate::nf4::cpu;
 
 /// Input rows up to which dense (f32, bf16) projections use the AVX-512 kernels of [`gemv`]
@@ -22,6 +24,9 @@ use crate::nf4::cpu;
 /// projection) no longer stay in cache while the kernel walks the weight (measured:
 /// docs/benchmarks.md).
 const GEMV_MAX_ROWS: usize = 16;
+
+/// Elements one thread takes at a time in the element-wise host loops (SwiGLU).
+const ELEMENTWISE_CHUNK: usize = 1 << 14;
 
 /// The same for NF4 projections, where the `gemm` path must also decode the whole weight.
 const GEMV_MAX_ROWS_NF4: usize = gemv::MAX_ROWS;
@@ -391,6 +396,46 @@ impl ModelBackend for Flex {
             |x, m| into_f32_vec(head.forward(flex_float(x.to_vec(), [m, width]))),
         );
         flex_float(out, [n, 2])
+    }
+
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        if gate.dtype() != DType::F32 || up.dtype() != DType::F32 || gate.shape() != up.shape() {
+            return reference::swiglu::<Self>(gate, up);
+        }
+        let [n, width] = [gate.shape()[0], gate.shape()[1]];
+        let (g, u) = (f32s(&gate), f32s(&up));
+        let mut out = vec![0f32; n * width];
+        out.par_chunks_mut(ELEMENTWISE_CHUNK)
+            .zip(g.par_chunks(ELEMENTWISE_CHUNK))
+            .zip(u.par_chunks(ELEMENTWISE_CHUNK))
+            .for_each(|((o, g), u)| vmath::swiglu(g, u, o));
+        flex_float(out, [n, width])
+    }
+
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let f32s_alike = [&gate, &up, &grad]
+            .iter()
+            .all(|t| t.dtype() == DType::F32 && t.shape() == gate.shape());
+        if !f32s_alike {
+            return reference::swiglu_backward::<Self>(gate, up, grad);
+        }
+        let [n, width] = [gate.shape()[0], gate.shape()[1]];
+        let (g, u, o) = (f32s(&gate), f32s(&up), f32s(&grad));
+        let (mut d_gate, mut d_up) = (vec![0f32; n * width], vec![0f32; n * width]);
+        d_gate
+            .par_chunks_mut(ELEMENTWISE_CHUNK)
+            .zip(d_up.par_chunks_mut(ELEMENTWISE_CHUNK))
+            .zip(g.par_chunks(ELEMENTWISE_CHUNK))
+            .zip(
+                u.par_chunks(ELEMENTWISE_CHUNK)
+                    .zip(o.par_chunks(ELEMENTWISE_CHUNK)),
+            )
+            .for_each(|(((dg, du), g), (u, o))| vmath::swiglu_grad(g, u, o, dg, du));
+        (flex_float(d_gate, [n, width]), flex_float(d_up, [n, width]))
     }
 
     fn token_logprobs_tracked(

@@ -1,7 +1,8 @@
 //! The backend extension the model needs beyond burn's own operations: projections by frozen
 //! dense, bf16 and NF4 weights (and their transposes, for the backward pass), packed
-//! grouped-query attention over ragged sequences, and token log-probabilities computed a chunk
-//! of positions at a time with the output head inside the chunk.
+//! grouped-query attention over ragged sequences, SwiGLU's activation, and token
+//! log-probabilities computed a chunk of positions at a time with the output head inside the
+//! chunk.
 //!
 //! Every operation has a default built from burn tensor operations ([`reference`]), so any
 //! backend works. The CPU backend ([`crate::Cpu`], burn's Flex) replaces the projections with
@@ -288,6 +289,22 @@ pub trait ModelBackend: Backend {
         heads: Heads,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         reference::attention_backward::<Self>(q, k, v, out, lse, grad, spans, heads)
+    }
+
+    /// SwiGLU's activation `silu(gate) · up` (`[n, intermediate]` each). The default uses
+    /// burn's operations; under autodiff it is one operation that keeps its two inputs.
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        reference::swiglu::<Self>(gate, up)
+    }
+
+    /// The gradients `(d_gate, d_up)` of [`ModelBackend::swiglu`] for the output gradient
+    /// `grad`. The default uses burn's operations.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        reference::swiglu_backward::<Self>(gate, up, grad)
     }
 
     /// Log-probability and entropy of the temperature-scaled next-token distribution at each

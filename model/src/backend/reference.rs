@@ -22,6 +22,34 @@ use super::{Head, Heads, ModelBackend, SequenceKv, Span};
 /// `[kv_heads, group, block, keys]` scores stay around 16 MiB of f32.
 const SCORE_BUDGET: usize = 1 << 22;
 
+/// `silu(gate) · up` with burn's operations.
+pub fn swiglu<B: Backend>(gate: FloatTensor<B>, up: FloatTensor<B>) -> FloatTensor<B> {
+    let gate = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(gate));
+    let up = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(up));
+    (burn::tensor::activation::silu(gate) * up)
+        .into_primitive()
+        .tensor()
+}
+
+/// The gradients `(d_gate, d_up)` of [`swiglu`] for the output gradient `grad`, with burn's
+/// operations: `s = sigmoid(gate)`, `d_gate = grad · up · s · (1 + gate · (1 − s))`,
+/// `d_up = grad · gate · s`.
+pub fn swiglu_backward<B: Backend>(
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let t = |x| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(x));
+    let (gate, up, grad) = (t(gate), t(up), t(grad));
+    let s = burn::tensor::activation::sigmoid(gate.clone());
+    let d_up = grad.clone() * gate.clone() * s.clone();
+    let d_gate = grad * up * s.clone() * ((s.neg() + 1.0) * gate + 1.0);
+    (
+        d_gate.into_primitive().tensor(),
+        d_up.into_primitive().tensor(),
+    )
+}
+
 /// `x · Wᵀ` as `(W · xᵀ)ᵀ` with the backend's matmul.
 pub fn matmul_linear<B: Backend>(x: FloatTensor<B>, w: FloatTensor<B>) -> FloatTensor<B> {
     B::float_transpose(B::float_matmul(w, B::float_transpose(x)))
