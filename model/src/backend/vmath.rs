@@ -1,10 +1,10 @@
 //! Vectorised `exp`, the softmax loops of the host kernels ([`super::attention`],
 //! [`super::logprobs`]) and SwiGLU's activation. The standard library's `f32::exp` is a call
 //! into libm per element, which the compiler cannot vectorise: it was about 6 % of a training
-//! step of the default's model (perf, `bench train-step --shape smollm2`). Here `exp` is plain arithmetic (Cephes'
-//! single-precision polynomial, within 2 ulp of the exact value in the normal range), so the
-//! loops over a row vectorise; each loop is compiled twice, for AVX-512 F (chosen at run time)
-//! and for the baseline, and sums and maxima run in 16 lanes.
+//! step of the default's model (perf, `bench train-step --shape smollm2`). Here `exp` is plain
+//! arithmetic (Cephes' single-precision polynomial, within 2 ulp of the exact value in the
+//! normal range), so the loops over a row vectorise; each loop is compiled twice, for AVX-512
+//! F (chosen at run time) and for the baseline, and sums and maxima run in 16 lanes.
 //!
 //! Results below `2⁻¹²⁶` (inputs under about −87.34) are flushed to 0; inputs above about 88.72
 //! give infinity and NaN stays NaN.
