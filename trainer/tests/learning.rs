@@ -21,6 +21,7 @@ use fathom_env::sandbox::WorkerCommand;
 use fathom_trainer::checkpoint::Stage;
 use fathom_trainer::metrics::read_log;
 use fathom_trainer::recipe::Plan;
+use fathom_trainer::seeds::Stat;
 use fathom_trainer::train::{Evaluations, RunOptions, RunSummary, run};
 
 /// SFT steps the test runs.
@@ -89,12 +90,10 @@ const MIN_GAIN: f64 = 0.02;
 /// 0.009 together.
 const RUNS: u64 = 3;
 
-/// Mean and standard error of `xs`.
+/// Mean and standard error of `xs` (at least one value).
 fn mean_se(xs: &[f64]) -> (f64, f64) {
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, (var / n).sqrt())
+    let s = Stat::of(xs).expect("at least one value");
+    (s.mean, s.std / (s.n as f64).sqrt())
 }
 
 /// `recipes/tiny-grpo.ron`: GRPO through the multi-turn environment from the committed SFT
