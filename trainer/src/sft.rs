@@ -38,7 +38,9 @@ pub struct TraceSettings {
     pub wasteful_fraction: f64,
     /// Needle traces search with a two-line `re.findall` of the key's sentences instead of the
     /// expert's helper function: for small models, which learn the short form far sooner.
-    /// Optional; `false` when absent.
+    /// Multi-hop traces then make one such search per hop, for the sentence in which the
+    /// current courier hands the parcel on, and never waste a turn (their hops fill the
+    /// turns). Optional; `false` when absent.
     #[serde(default)]
     pub short_search: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer

@@ -200,6 +200,78 @@ fn short_search_traces_stay_correct() {
     );
 }
 
+/// `short_search` multi-hop traces, as the embedded default writes them: one two-line search
+/// per hop, each naming the courier the previous output handed the parcel to, then the
+/// answer: correct through the real environment, and never a wasted turn (four hops and the
+/// answer fill the default's five turns).
+fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
+    let config = TaskConfig {
+        context_window: 512,
+        min_doc_tokens: 1024,
+        max_window_factor: 4.0,
+    };
+    let hops: Vec<_> = (0..1000)
+        .map(|i| tasks::split_task(Split::Train, i, &config).unwrap())
+        .filter(|t| t.family == Family::MultiHop)
+        .take(10)
+        .collect();
+    let settings = TraceSettings {
+        count: 20,
+        wasteful_fraction: 0.7,
+        short_search: true,
+        prose: false,
+        llm_share: 1.0,
+    };
+    let mut env = env();
+    let traces = generate_traces(&mut env, &hops, &Composite::default(), &settings, 1).unwrap();
+    let mut hop_counts = BTreeSet::new();
+    for t in &traces {
+        assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
+        assert_eq!((t.style.detour, t.llm_calls), (None, 0), "{}", t.task_id);
+        let assistant: Vec<_> = t
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .collect();
+        let (answer, searches) = assistant.split_last().unwrap();
+        assert!(answer.content.starts_with("<answer>"), "{}", answer.content);
+        assert!(
+            (2..=4).contains(&searches.len()),
+            "{}: {:#?}",
+            t.task_id,
+            t.messages
+        );
+        hop_counts.insert(searches.len());
+        for (i, search) in searches.iter().enumerate() {
+            assert!(
+                search.content.starts_with("```") && search.content.lines().count() == 4,
+                "{}",
+                search.content
+            );
+            // Each search after the first names a courier that only the previous output named.
+            if i > 0 {
+                let observation = &t.messages[2 + 2 * i].content;
+                let courier = search.content.split("courier ").nth(1).unwrap();
+                let courier = courier.split(' ').next().unwrap();
+                assert!(observation.contains(courier), "{courier}: {observation}");
+                let question = t.messages[1].content.split("\n\n").next().unwrap();
+                assert!(!question.contains(courier), "{courier}: {question}");
+            }
+        }
+    }
+    assert!(hop_counts.len() > 1, "hop counts {hop_counts:?}");
+    eprintln!(
+        "{}",
+        traces[0]
+            .messages
+            .iter()
+            .skip(2)
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n--\n")
+    );
+}
+
 /// `llm_share: 1.0`, as the embedded default writes them: every wasteful needle trace sends a
 /// slice to `llm()` first (one call, recorded), then searches and answers, still correct.
 fn llm_detour_traces_call_once_and_stay_correct() {
@@ -231,7 +303,11 @@ fn llm_detour_traces_call_once_and_stay_correct() {
 
 fn main() {
     fathom_env::sandbox::run_worker_if_requested();
-    let tests: [(&str, fn()); 3] = [
+    let tests: [(&str, fn()); 4] = [
+        (
+            "short_multihop_traces_search_once_per_hop_and_stay_correct",
+            short_multihop_traces_search_once_per_hop_and_stay_correct,
+        ),
         (
             "llm_detour_traces_call_once_and_stay_correct",
             llm_detour_traces_call_once_and_stay_correct,

@@ -9,12 +9,15 @@
 //! - **Strategy**: for needle tasks, printing a window around each mention of the key
 //!   instead of the sentences that mention it; or, when the recipe asks for it
 //!   ([`crate::sft::TraceSettings::short_search`]), a two-line `re.findall` of the sentences
-//!   that mention the key (short enough for a small model to learn to write).
+//!   that mention the key (short enough for a small model to learn to write). For multi-hop
+//!   tasks, `short_search` makes one such search per hop: the sentence in which the current
+//!   courier hands the parcel on, whose other courier is the next one searched for.
 //! - **Waste** (a configurable fraction of traces, so GRPO has something to improve): a first
 //!   turn that prints a large slice of the document ([`Detour::Overread`]), or that sends a
 //!   slice to `llm()` ([`Detour::LlmOveruse`]) before the expert's own work. The expert never
 //!   sees that turn's output (it is removed from the conversation the expert reads), so its
-//!   answer is unaffected; the trace still records the wasted tokens and call.
+//!   answer is unaffected; the trace still records the wasted tokens and call. Short
+//!   multi-hop traces have no waste: up to four hops and the answer already fill the turns.
 //!
 //! Every variant only changes text the expert writes, never what it reads, so the traces stay
 //! as correct as the expert (`tests/sft_traces.rs` runs them through the real environment).
@@ -90,7 +93,8 @@ pub struct Style {
     /// Needle tasks: print windows around the key instead of sentences.
     pub windows: bool,
     /// Needle tasks: a two-line `re.findall` of the key's sentences as the first code turn
-    /// (overrides `windows`).
+    /// (overrides `windows`). Multi-hop tasks: one two-line `re.findall` per hop, of the
+    /// sentence in which the current courier hands the parcel on.
     #[serde(default)]
     pub short_search: bool,
     /// A wasted first turn, if any.
@@ -160,8 +164,10 @@ impl Style {
             names: rng.random_range(0..NAMES.len()),
             python_fence: rng.random_bool(0.3),
             windows: family == Family::Needle && rng.random_bool(0.5),
-            short_search: short_search && family == Family::Needle,
-            detour,
+            short_search: short_search && matches!(family, Family::Needle | Family::MultiHop),
+            // A short multi-hop trace already takes up to five turns (four hops and the
+            // answer), so it has no room for a wasted one.
+            detour: detour.filter(|_| !(short_search && family == Family::MultiHop)),
             bare: false,
         }
     }
@@ -239,6 +245,49 @@ impl VariedExpert {
         self.fence(OPENERS[self.style.opener], &code)
     }
 
+    /// One hop of the short multi-hop strategy: the sentence in which `courier` hands the
+    /// parcel on. The three ways a hop is stated all put `courier <name>` right before `hands`,
+    /// `go` or `carries` when `<name>` gives, and never when it receives.
+    fn hop_short(&self, courier: &str, first: bool) -> String {
+        let preface = if first {
+            OPENERS[self.style.opener]
+        } else {
+            FOLLOW_UPS[self.style.follow_up]
+        };
+        let code = format!(
+            "import re\nprint(re.findall(r\"[^.\\n]*courier {c} (?:hands|go|carries)[^.\\n]*\", context, re.I))",
+            c = re_escape(courier)
+        );
+        self.fence(preface, &code)
+    }
+
+    /// The short multi-hop strategy: search for the courier holding the parcel, read the
+    /// receiver off the printed sentence (the one other courier it names), repeat once per
+    /// hop, then answer with the last receiver.
+    fn multihop_short(
+        &self,
+        start: &str,
+        hops: usize,
+        view: &[Message],
+    ) -> Result<String, PolicyError> {
+        let mut holder = start.to_string();
+        // The observations that followed each search, in order.
+        for observation in view.iter().filter(|m| m.role == Role::User).skip(1) {
+            holder = other_courier(&observation.content, &holder).ok_or_else(|| {
+                PolicyError(format!(
+                    "no courier other than {holder} in the observation {:?}",
+                    observation.content
+                ))
+            })?;
+        }
+        let searched = view.iter().filter(|m| m.role == Role::Assistant).count();
+        Ok(if searched < hops {
+            self.hop_short(&holder, searched == 0)
+        } else {
+            ANSWERS[self.style.answer % ANSWERS.len()].replace("{}", &holder)
+        })
+    }
+
     /// Rewrites one of the expert's messages in this style.
     fn restyle(&self, reply: &str, first_code_turn: bool) -> String {
         if let Some(body) = reply
@@ -264,6 +313,29 @@ impl VariedExpert {
         }
         reply.to_string()
     }
+}
+
+/// The first courier name (`WORD-12`: capitals, a hyphen, digits) in `text` other than `not`.
+fn other_courier(text: &str, not: &str) -> Option<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .find(|w| {
+            *w != not
+                && w.split_once('-').is_some_and(|(a, b)| {
+                    !a.is_empty()
+                        && a.chars().all(|c| c.is_ascii_uppercase())
+                        && !b.is_empty()
+                        && b.chars().all(|c| c.is_ascii_digit())
+                })
+        })
+        .map(str::to_string)
+}
+
+/// The start courier and hop count of a multi-hop question.
+fn multihop_question(question: &str) -> Option<(&str, usize)> {
+    let rest = question.strip_prefix("A parcel starts with courier ")?;
+    let (start, rest) = rest.split_once(" and is handed on ")?;
+    let hops = rest.split_once(" times.")?.0.parse().ok()?;
+    Some((start, hops))
 }
 
 /// `s` as a literal in a Python regular expression outside a character class: its
@@ -325,6 +397,11 @@ impl Policy for VariedExpert {
             None => messages.to_vec(),
         };
         let expert_turns = view.iter().filter(|m| m.role == Role::Assistant).count();
+        if self.style.short_search
+            && let Some((start, hops)) = multihop_question(&question)
+        {
+            return self.multihop_short(start, hops, &view);
+        }
         if expert_turns == 0
             && (self.style.windows || self.style.short_search)
             && let Some(key) = question
@@ -358,6 +435,71 @@ mod tests {
             expert.needle_short("O7-HARBOR"),
             "```repl\nimport re\nprint(re.findall(r\"[^.\\n]*\\bO7-HARBOR\\b[^.\\n]*\\.?\", context))\n```"
         );
+    }
+
+    #[test]
+    fn multihop_short_reads_the_receiver_off_each_observation() {
+        assert_eq!(
+            multihop_question(
+                "A parcel starts with courier RAVEN-71 and is handed on 3 times. Which courier holds it at the end?"
+            ),
+            Some(("RAVEN-71", 3))
+        );
+        assert_eq!(
+            multihop_question("What is the access code for vault A1-OAK?"),
+            None
+        );
+        let said =
+            "Output:\n['Courier SWIFT-78 takes over every parcel that courier QUARTZ-79 carries']";
+        assert_eq!(
+            other_courier(said, "QUARTZ-79").as_deref(),
+            Some("SWIFT-78")
+        );
+        assert_eq!(
+            other_courier(said, "SWIFT-78").as_deref(),
+            Some("QUARTZ-79")
+        );
+        assert_eq!(other_courier("Output:\n[]", "SWIFT-78"), None);
+        let expert = VariedExpert {
+            style: Style {
+                short_search: true,
+                ..Style::plain().without_prose()
+            },
+        };
+        let message = |role, content: &str| Message {
+            role,
+            content: content.to_string(),
+        };
+        let mut view = vec![
+            message(Role::System, "system"),
+            message(
+                Role::User,
+                "Question: A parcel starts with courier RAVEN-71 and is handed on 2 times.",
+            ),
+        ];
+        assert_eq!(
+            expert.multihop_short("RAVEN-71", 2, &view).unwrap(),
+            "```repl\nimport re\nprint(re.findall(r\"[^.\\n]*courier RAVEN-71 (?:hands|go|carries)[^.\\n]*\", context, re.I))\n```"
+        );
+        // One search and its output, as the environment records them.
+        let searched = |view: &mut Vec<Message>, output: &str| {
+            view.push(message(Role::Assistant, "search"));
+            view.push(message(Role::User, &format!("Output:\n{output}")));
+            expert.multihop_short("RAVEN-71", 2, view)
+        };
+        let second = searched(
+            &mut view,
+            "['Parcels carried by courier RAVEN-71 go next to courier OSPREY-36']",
+        );
+        assert!(second.unwrap().contains("courier OSPREY-36 (?:"));
+        let answer = searched(
+            &mut view,
+            "['Courier QUARTZ-79 takes over every parcel that courier OSPREY-36 carries']",
+        );
+        assert_eq!(answer.unwrap(), "<answer>QUARTZ-79</answer>");
+        assert!(searched(&mut view, "[]").is_err());
+        let error = expert.multihop_short("RAVEN-71", 3, &view).unwrap_err();
+        assert!(error.0.contains("QUARTZ-79"), "{error}");
     }
 
     #[test]
