@@ -184,7 +184,8 @@ pub fn write(plan: &Plan, run: &RunSummary) -> Result<PathBuf, ReportError> {
                 "## Three trajectories of the trained model ({})\n",
                 last.label
             );
-            for (i, t) in pick_three(&last.trajectories, &last.report.episodes)
+            let correct: Vec<bool> = last.report.episodes.iter().map(|e| e.correct).collect();
+            for (i, t) in pick_three(&last.trajectories, &correct)
                 .into_iter()
                 .enumerate()
             {
@@ -220,17 +221,22 @@ fn row(md: &mut String, label: &str, s: &Summary) {
     );
 }
 
-/// Up to three episodes to print: correct multi-turn ones first, then any.
+/// Up to three episodes to print: correct ones first; among them, those that ran code more
+/// than once (code, output, more code, answer), then those that ran it at all; then by order.
 fn pick_three<'a>(
     trajectories: &'a [Option<Trajectory>],
-    episodes: &[crate::eval::EpisodeEval],
+    correct: &[bool],
 ) -> Vec<(usize, &'a Trajectory)> {
     let mut ranked: Vec<(usize, &Trajectory)> = trajectories
         .iter()
         .enumerate()
         .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
         .collect();
-    ranked.sort_by_key(|(i, t)| (!episodes[*i].correct, t.steps.len() < 2, *i));
+    let code_turns = |t: &Trajectory| t.steps.iter().filter(|s| s.output.is_some()).count();
+    ranked.sort_by_key(|(i, t)| {
+        let turns = code_turns(t);
+        (!correct[*i], turns < 2, turns == 0, *i)
+    });
     ranked.truncate(3);
     ranked
 }
@@ -380,4 +386,66 @@ fn bars(
         .map_err(|e| err(e.to_string()))?;
     root.present().map_err(|e| err(e.to_string()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fathom_rewards::record::{Action, EndReason, ExecOutput, Step};
+
+    /// An episode with `code` code turns and then an answer.
+    fn episode(code: usize) -> Option<Trajectory> {
+        let step = |action, output| Step {
+            assistant: String::new(),
+            action,
+            output,
+            llm_calls: Vec::new(),
+            accesses: Vec::new(),
+            completion_tokens: 1,
+            code_tokens: 1,
+            output_tokens: 1,
+        };
+        let mut steps: Vec<Step> = (0..code)
+            .map(|_| {
+                let code = Action::Code {
+                    code: "print(1)".into(),
+                };
+                step(code, Some(ExecOutput::default()))
+            })
+            .collect();
+        steps.push(step(Action::Answer { text: "x".into() }, None));
+        Some(Trajectory {
+            task_id: format!("t{code}"),
+            messages: Vec::new(),
+            steps,
+            end_reason: EndReason::Answered,
+            elapsed_ms: 0.0,
+        })
+    }
+
+    #[test]
+    fn correct_episodes_with_most_code_turns_come_first() {
+        let trajectories = vec![
+            episode(1),
+            None,
+            episode(0),
+            episode(2),
+            episode(3),
+            episode(1),
+        ];
+        let correct = [true, true, true, false, true, true];
+        let picked: Vec<usize> = pick_three(&trajectories, &correct)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        // Correct with two or more code turns, then correct with one, in order; the wrong
+        // three-turn episode and the correct answer-only one come after.
+        assert_eq!(picked, vec![4, 0, 5]);
+        let all_wrong = [false; 6];
+        let picked: Vec<usize> = pick_three(&trajectories, &all_wrong)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(picked, vec![3, 4, 0]);
+    }
 }
