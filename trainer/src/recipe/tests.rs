@@ -46,8 +46,18 @@ fn every_shipped_recipe_parses_and_validates() {
     seen.sort();
     assert_eq!(
         seen,
-        ["a100.ron", "laptop.ron", "tiny-grpo.ron", "tiny.ron"]
+        [
+            "a100.ron",
+            "laptop-multihop.ron",
+            "laptop.ron",
+            "tiny-grpo.ron",
+            "tiny.ron"
+        ]
     );
+    // The two-family laptop recipe: short multi-hop traces, room for four hops and the answer.
+    let multihop = Plan::load(&recipes_dir().join("laptop-multihop.ron")).unwrap();
+    assert!(multihop.sft.as_ref().is_some_and(|s| s.traces.short_search));
+    assert_eq!(multihop.env.max_turns, 5);
     // The recipe that made tiny-grpo.ron's starting adapter.
     let sft = recipes_dir().join("../fixtures/tiny-sft-needle/sft.ron");
     let plan = Plan::load(&sft).unwrap_or_else(|e| panic!("{e}"));
