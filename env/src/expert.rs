@@ -41,31 +41,48 @@ impl SubLm for PassageReader {
     }
 }
 
-/// A task as the expert reads it from the question.
+/// A task as the expert reads it from the question: its family and the names the question
+/// gives. Other policies built on the expert (the trainer's varied SFT experts) read
+/// questions through it too, so the question forms are parsed in one place.
 #[derive(Clone, Debug, PartialEq)]
-enum Plan {
+pub enum Plan {
+    /// Find a vault's access code.
     Needle {
+        /// The vault's label, as the question spells it.
         key: String,
     },
+    /// Follow a parcel along a chain of couriers.
     MultiHop {
+        /// The courier the parcel starts with.
         start: String,
+        /// How many times it is handed on.
         hops: usize,
     },
+    /// Sum, count or rank one town's shipments.
     Aggregate {
+        /// The town whose shipments count.
         town: String,
+        /// What to compute over them.
         ask: aggregate::Ask,
     },
+    /// Compare two towns' latest census populations.
     Compare {
+        /// The first town named.
         a: String,
+        /// The second town named.
         b: String,
+        /// Which comparison is asked.
         ask: compare::Ask,
     },
+    /// Answer a question about one passage (the family that needs `llm()`).
     Passage {
+        /// The question, whole.
         question: String,
     },
 }
 
-fn plan(question: &str) -> Option<Plan> {
+/// Reads `question` as one of the generators' question forms; `None` when it is none of them.
+pub fn plan(question: &str) -> Option<Plan> {
     if let Some(key) = question
         .strip_prefix("What is the access code for vault ")
         .and_then(|r| r.strip_suffix('?'))
@@ -296,10 +313,14 @@ impl Expert {
     }
 }
 
-/// The successor of `current` according to the hop sentences in `obs`.
-fn next_courier(current: &str, obs: &str) -> Option<String> {
+/// The courier `current` hands the parcel to, according to the hop sentences in `obs` (any
+/// of the generator's three phrasings, read in their direction; a sentence's final period
+/// may be missing, as when a search printed the sentence up to it). `None` when `obs` states
+/// no hop from `current`.
+pub fn next_courier(current: &str, obs: &str) -> Option<String> {
     let name = r"([A-Z]+-\d+)";
     for template in multihop::HOP_TEMPLATES {
+        let template = template.strip_suffix('.').unwrap_or(template);
         let re = Regex::new(&template_regex(template, &[("{A}", name), ("{B}", name)])).ok()?;
         let a_first = template.find("{A}") < template.find("{B}");
         for c in re.captures_iter(obs) {
@@ -434,6 +455,25 @@ mod tests {
             let t = crate::tasks::split_task(fathom_rewards::record::Split::Train, i, &c).unwrap();
             assert!(plan(&t.question).is_some(), "{}: {}", t.id, t.question);
         }
+    }
+
+    #[test]
+    fn next_courier_reads_each_phrasing_in_its_direction() {
+        for template in multihop::HOP_TEMPLATES {
+            let sentence = template
+                .replace("{A}", "QUARTZ-79")
+                .replace("{B}", "SWIFT-78");
+            let printed = format!("Output:\n[{:?}]", sentence.trim_end_matches('.'));
+            for obs in [sentence.as_str(), printed.as_str()] {
+                assert_eq!(
+                    next_courier("QUARTZ-79", obs).as_deref(),
+                    Some("SWIFT-78"),
+                    "{obs}"
+                );
+                assert_eq!(next_courier("SWIFT-78", obs), None, "{obs}");
+            }
+        }
+        assert_eq!(next_courier("QUARTZ-79", "Output:\n[]"), None);
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! Every variant only changes text the expert writes, never what it reads, so the traces stay
 //! as correct as the expert (`tests/sft_traces.rs` runs them through the real environment).
 
-use fathom_env::expert::{Expert, PROMPT_MARKER};
+use fathom_env::expert::{Expert, PROMPT_MARKER, Plan, next_courier, plan};
 use fathom_env::policy::{Policy, PolicyError};
 use fathom_rewards::record::{Family, Message, Role};
 use rand::Rng;
@@ -262,8 +262,8 @@ impl VariedExpert {
     }
 
     /// The short multi-hop strategy: search for the courier holding the parcel, read the
-    /// receiver off the printed sentence (the one other courier it names), repeat once per
-    /// hop, then answer with the last receiver.
+    /// receiver off the printed sentence, repeat once per hop, then answer with the last
+    /// receiver.
     fn multihop_short(
         &self,
         start: &str,
@@ -273,9 +273,9 @@ impl VariedExpert {
         let mut holder = start.to_string();
         // The observations that followed each search, in order.
         for observation in view.iter().filter(|m| m.role == Role::User).skip(1) {
-            holder = other_courier(&observation.content, &holder).ok_or_else(|| {
+            holder = next_courier(&holder, &observation.content).ok_or_else(|| {
                 PolicyError(format!(
-                    "no courier other than {holder} in the observation {:?}",
+                    "no hop from courier {holder} in the observation {:?}",
                     observation.content
                 ))
             })?;
@@ -313,29 +313,6 @@ impl VariedExpert {
         }
         reply.to_string()
     }
-}
-
-/// The first courier name (`WORD-12`: capitals, a hyphen, digits) in `text` other than `not`.
-fn other_courier(text: &str, not: &str) -> Option<String> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-        .find(|w| {
-            *w != not
-                && w.split_once('-').is_some_and(|(a, b)| {
-                    !a.is_empty()
-                        && a.chars().all(|c| c.is_ascii_uppercase())
-                        && !b.is_empty()
-                        && b.chars().all(|c| c.is_ascii_digit())
-                })
-        })
-        .map(str::to_string)
-}
-
-/// The start courier and hop count of a multi-hop question.
-fn multihop_question(question: &str) -> Option<(&str, usize)> {
-    let rest = question.strip_prefix("A parcel starts with courier ")?;
-    let (start, rest) = rest.split_once(" and is handed on ")?;
-    let hops = rest.split_once(" times.")?.0.parse().ok()?;
-    Some((start, hops))
 }
 
 /// `s` as a literal in a Python regular expression outside a character class: its
@@ -397,22 +374,20 @@ impl Policy for VariedExpert {
             None => messages.to_vec(),
         };
         let expert_turns = view.iter().filter(|m| m.role == Role::Assistant).count();
-        if self.style.short_search
-            && let Some((start, hops)) = multihop_question(&question)
-        {
-            return self.multihop_short(start, hops, &view);
-        }
-        if expert_turns == 0
-            && (self.style.windows || self.style.short_search)
-            && let Some(key) = question
-                .strip_prefix("What is the access code for vault ")
-                .and_then(|r| r.strip_suffix('?'))
-        {
-            return Ok(if self.style.short_search {
-                self.needle_short(key)
-            } else {
-                self.needle_windows(key)
-            });
+        match plan(&question) {
+            Some(Plan::MultiHop { start, hops }) if self.style.short_search => {
+                return self.multihop_short(&start, hops, &view);
+            }
+            Some(Plan::Needle { key })
+                if expert_turns == 0 && (self.style.windows || self.style.short_search) =>
+            {
+                return Ok(if self.style.short_search {
+                    self.needle_short(&key)
+                } else {
+                    self.needle_windows(&key)
+                });
+            }
+            _ => {}
         }
         let reply = Expert.respond(&view)?;
         Ok(self.restyle(&reply, expert_turns == 0))
@@ -439,27 +414,6 @@ mod tests {
 
     #[test]
     fn multihop_short_reads_the_receiver_off_each_observation() {
-        assert_eq!(
-            multihop_question(
-                "A parcel starts with courier RAVEN-71 and is handed on 3 times. Which courier holds it at the end?"
-            ),
-            Some(("RAVEN-71", 3))
-        );
-        assert_eq!(
-            multihop_question("What is the access code for vault A1-OAK?"),
-            None
-        );
-        let said =
-            "Output:\n['Courier SWIFT-78 takes over every parcel that courier QUARTZ-79 carries']";
-        assert_eq!(
-            other_courier(said, "QUARTZ-79").as_deref(),
-            Some("SWIFT-78")
-        );
-        assert_eq!(
-            other_courier(said, "SWIFT-78").as_deref(),
-            Some("QUARTZ-79")
-        );
-        assert_eq!(other_courier("Output:\n[]", "SWIFT-78"), None);
         let expert = VariedExpert {
             style: Style {
                 short_search: true,
