@@ -11,7 +11,8 @@
 //!   ([`crate::sft::TraceSettings::short_search`]), a two-line `re.findall` of the sentences
 //!   that mention the key (short enough for a small model to learn to write). For multi-hop
 //!   tasks, `short_search` makes one such search per hop: the sentence in which the current
-//!   courier hands the parcel on, whose other courier is the next one searched for.
+//!   courier hands the parcel on, whose receiver ([`fathom_env::expert::next_courier`]) is
+//!   the next one searched for.
 //! - **Waste** (a configurable fraction of traces, so GRPO has something to improve): a first
 //!   turn that prints a large slice of the document ([`Detour::Overread`]), or that sends a
 //!   slice to `llm()` ([`Detour::LlmOveruse`]) before the expert's own work. The expert never
