@@ -225,6 +225,7 @@ pub fn train_step<B: ModelBackend>(
         checkpointing: bench.checkpointing,
         chunk: bench.chunk,
         temperature: 1.0,
+        share_prefix: 0,
     };
     let mut times = Vec::new();
     for salt in 0..=bench.steps {

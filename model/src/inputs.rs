@@ -7,6 +7,11 @@
 //! their position ids follow `transformers`' `generate()` (the cumulative sum of the mask minus
 //! one), and the outputs are scattered back to `[batch, seq, …]` with zeros where the mask is 0.
 //!
+//! Training batches whose sequences begin alike (a GRPO group's samples share their prompt) can
+//! be packed with that beginning stored once ([`SharedPacking`], [`StepInput::shared`]): every
+//! projection, norm and the output head then run on it once, and only attention, whose rows
+//! are gathered per sequence, sees each sequence whole.
+//!
 //! RoPE is the non-interleaved ("rotate half") form with `inv_freq[i] = 1 / base^(2i / d)` in
 //! f32, as `transformers` builds it; the cosine and sine tables are computed once per model
 //! ([`RotaryEmbedding`]) and gathered on the device by position.
@@ -81,6 +86,16 @@ pub struct Padding {
     pub gather: Vec<i64>,
 }
 
+/// How packed rows map to the whole sequences attention sees, for an input whose sequences
+/// share stored prefixes ([`StepInput::shared`]).
+#[derive(Clone, Debug)]
+pub struct Expansion<B: Backend> {
+    /// For every row of the sequences laid whole one after another, its packed row, `[m]`.
+    pub expand: Tensor<B, 1, Int>,
+    /// For every packed row, one whole-sequence row that holds it, `[n]`.
+    pub pick: Tensor<B, 1, Int>,
+}
+
 /// Inputs of one forward call.
 #[derive(Clone, Debug)]
 pub struct StepInput<B: Backend> {
@@ -94,7 +109,8 @@ pub struct StepInput<B: Backend> {
     pub cos_k: Tensor<B, 2>,
     /// Signed rotary sines per key head, `[n, kv_heads · head_dim]`.
     pub sin_k: Tensor<B, 2>,
-    /// Where each segment's tokens sit in the packed rows.
+    /// Where each segment's tokens sit in the packed rows; with an [`Expansion`], where each
+    /// sequence sits in the whole-sequence rows attention works on.
     pub spans: Vec<Span>,
     /// The cache row each segment continues (cached steps only).
     pub rows: Vec<usize>,
@@ -102,6 +118,107 @@ pub struct StepInput<B: Backend> {
     pub past: Vec<usize>,
     /// How to scatter outputs back to a padded input, when the step came from one.
     pub padding: Option<Padding>,
+    /// For sequences packed with shared prefixes stored once, how attention gathers them whole.
+    pub expansion: Option<Expansion<B>>,
+}
+
+/// A packing of sequences in which consecutive sequences that begin with the same tokens store
+/// that beginning once: a group of sequences is laid out as their common prefix, then each
+/// member's remaining tokens. Every member keeps at least one token of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedPacking {
+    /// Packed row of every token of every sequence, sequence after sequence (`Σ len_i`).
+    rows: Vec<usize>,
+    /// Where each sequence's tokens start in `rows`; one more entry than sequences.
+    starts: Vec<usize>,
+    /// Token id of every packed row.
+    ids: Vec<u32>,
+    /// Position of every packed row within its sequence.
+    positions: Vec<usize>,
+}
+
+impl SharedPacking {
+    /// Groups consecutive sequences greedily: a sequence joins the current group when it
+    /// begins with at least `min_shared` of the group's first sequence's tokens and joining
+    /// does not lower the tokens the group saves; the group's prefix is then the longest one
+    /// every member begins with, leaving each member one token of its own at least. With
+    /// `min_shared` 0 nothing is shared (every sequence is packed whole).
+    pub fn new(seqs: &[&[u32]], min_shared: usize) -> Self {
+        // (first sequence, members, prefix length)
+        let mut groups: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, seq) in seqs.iter().enumerate() {
+            if min_shared > 0
+                && let Some((first, members, prefix)) = groups.last_mut()
+            {
+                let lead = seqs[*first];
+                let common = lead
+                    .iter()
+                    .zip(seq.iter())
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                let limit = common.min(seq.len().saturating_sub(1));
+                let shared = if *members == 1 {
+                    limit.min(lead.len().saturating_sub(1))
+                } else {
+                    limit.min(*prefix)
+                };
+                // Saved tokens: prefix × (members - 1), before and after joining.
+                if shared >= min_shared && shared * *members >= *prefix * (*members - 1) {
+                    *members += 1;
+                    *prefix = shared;
+                    continue;
+                }
+            }
+            groups.push((i, 1, 0));
+        }
+        let total: usize = seqs.iter().map(|s| s.len()).sum();
+        let mut out = Self {
+            rows: Vec::with_capacity(total),
+            starts: Vec::with_capacity(seqs.len() + 1),
+            ids: Vec::new(),
+            positions: Vec::new(),
+        };
+        for (first, members, prefix) in groups {
+            let base = out.ids.len();
+            out.ids.extend_from_slice(&seqs[first][..prefix]);
+            out.positions.extend(0..prefix);
+            for seq in &seqs[first..first + members] {
+                out.starts.push(out.rows.len());
+                let own = out.ids.len();
+                out.rows.extend(base..base + prefix);
+                out.rows.extend(own..own + seq.len() - prefix);
+                out.ids.extend_from_slice(&seq[prefix..]);
+                out.positions.extend(prefix..seq.len());
+            }
+        }
+        out.starts.push(out.rows.len());
+        out
+    }
+
+    /// Number of packed rows (tokens computed by the projections).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are no tokens.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Number of sequences.
+    pub fn num_sequences(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    /// The packed row of every token of sequence `i`.
+    pub fn sequence_rows(&self, i: usize) -> &[usize] {
+        &self.rows[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// Whether any row is shared by two sequences.
+    pub fn shares(&self) -> bool {
+        self.rows.len() > self.ids.len()
+    }
 }
 
 /// Position ids for one row of an attention mask (1 = token, 0 = padding).
@@ -124,6 +241,30 @@ pub struct Segment<'a> {
     pub past: usize,
 }
 
+impl Segment<'_> {
+    /// Checks that segment `i` has tokens, all in the vocabulary, at positions the rotary
+    /// table covers.
+    fn check(&self, i: usize, config: &Qwen2Config, positions: usize) -> Result<()> {
+        if self.ids.is_empty() {
+            return Err(ModelError::Input(format!("sequence {i} has no new tokens")));
+        }
+        if let Some(&bad) = self.ids.iter().find(|&&t| t as usize >= config.vocab_size) {
+            return Err(ModelError::Input(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                config.vocab_size
+            )));
+        }
+        let end = self.past + self.ids.len();
+        if end > positions {
+            return Err(ModelError::Input(format!(
+                "sequence {i} reaches position {end}, beyond the {positions} positions this \
+                 model supports"
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl<B: Backend> StepInput<B> {
     /// Packs `segments` into one step. Every segment must have at least one token, every token
     /// must be in the vocabulary, and every position must be inside the rotary table.
@@ -142,23 +283,8 @@ impl<B: Backend> StepInput<B> {
         let mut positions = Vec::new();
         let mut spans = Vec::with_capacity(segments.len());
         for (i, seg) in segments.iter().enumerate() {
-            if seg.ids.is_empty() {
-                return Err(ModelError::Input(format!("sequence {i} has no new tokens")));
-            }
-            if let Some(&bad) = seg.ids.iter().find(|&&t| t as usize >= config.vocab_size) {
-                return Err(ModelError::Input(format!(
-                    "token id {bad} is outside the vocabulary ({})",
-                    config.vocab_size
-                )));
-            }
+            seg.check(i, config, rotary.positions())?;
             let end = seg.past + seg.ids.len();
-            if end > rotary.positions() {
-                return Err(ModelError::Input(format!(
-                    "sequence {i} reaches position {end}, beyond the {} positions this model \
-                     supports",
-                    rotary.positions()
-                )));
-            }
             spans.push(Span {
                 start: ids.len(),
                 len: seg.ids.len(),
@@ -170,6 +296,67 @@ impl<B: Backend> StepInput<B> {
         Ok(Self::build(
             config, rotary, ids, positions, spans, past, device,
         ))
+    }
+
+    /// Packs sequences (nothing cached) as `packing` lays them out, `packing` built from the
+    /// same `seqs`: each packed row is computed once, and attention gathers every sequence
+    /// whole through an [`Expansion`] when rows are shared.
+    pub fn shared(
+        config: &Qwen2Config,
+        rotary: &RotaryEmbedding<B>,
+        seqs: &[&[u32]],
+        packing: &SharedPacking,
+        device: &B::Device,
+    ) -> Result<Self> {
+        let segments: Vec<Segment<'_>> = seqs.iter().map(|ids| Segment { ids, past: 0 }).collect();
+        if packing.num_sequences() != seqs.len()
+            || (0..seqs.len()).any(|i| packing.sequence_rows(i).len() != seqs[i].len())
+        {
+            return Err(ModelError::Input(
+                "the shared packing was built from other sequences".into(),
+            ));
+        }
+        if !packing.shares() {
+            return Self::packed(config, rotary, &segments, device);
+        }
+        if segments.is_empty() {
+            return Err(ModelError::Input(
+                "a step needs at least one sequence".into(),
+            ));
+        }
+        let mut spans = Vec::with_capacity(seqs.len());
+        for (i, seg) in segments.iter().enumerate() {
+            seg.check(i, config, rotary.positions())?;
+            let start = spans.last().map_or(0, |s: &Span| s.start + s.len);
+            spans.push(Span {
+                start,
+                len: seg.ids.len(),
+            });
+        }
+        let ids = packing.ids.iter().map(|&t| t as i64).collect();
+        let positions = packing.positions.iter().map(|&p| p as i64).collect();
+        let mut input = Self::build(
+            config,
+            rotary,
+            ids,
+            positions,
+            spans,
+            vec![0; seqs.len()],
+            device,
+        );
+        let mut pick = vec![0i64; packing.len()];
+        for (e, &r) in packing.rows.iter().enumerate().rev() {
+            pick[r] = e as i64;
+        }
+        let index = |v: Vec<i64>| {
+            let n = v.len();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(v, [n]), device)
+        };
+        input.expansion = Some(Expansion {
+            expand: index(packing.rows.iter().map(|&r| r as i64).collect()),
+            pick: index(pick),
+        });
+        Ok(input)
     }
 
     /// Packs a left-padded batch: `ids` `[batch][seq]` with `mask` `[batch][seq]` (1 = token),
@@ -271,6 +458,7 @@ impl<B: Backend> StepInput<B> {
             rows: Vec::new(),
             past,
             padding: None,
+            expansion: None,
         }
     }
 
@@ -334,6 +522,45 @@ fn rotate<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_packing_groups_consecutive_sequences_that_begin_alike() {
+        let rows = |p: &SharedPacking| -> Vec<Vec<usize>> {
+            (0..p.num_sequences())
+                .map(|i| p.sequence_rows(i).to_vec())
+                .collect()
+        };
+        let seqs: [&[u32]; 4] = [&[1, 2, 3, 4], &[1, 2, 3, 5, 6], &[1, 2, 3, 4], &[9, 2]];
+        // Nothing shared: every sequence whole, one after another.
+        let whole = SharedPacking::new(&seqs, 0);
+        assert!(!whole.shares());
+        assert_eq!(whole.len(), 15);
+        assert_eq!(rows(&whole)[3], vec![13, 14]);
+        // [1, 2, 3] once, then 4 | 5, 6 | 4; [9, 2] alone.
+        let p = SharedPacking::new(&seqs, 2);
+        assert_eq!(
+            rows(&p),
+            vec![
+                vec![0, 1, 2, 3],
+                vec![0, 1, 2, 4, 5],
+                vec![0, 1, 2, 6],
+                vec![7, 8]
+            ]
+        );
+        assert_eq!(p.ids, vec![1, 2, 3, 4, 5, 6, 4, 9, 2]);
+        assert_eq!(p.positions, vec![0, 1, 2, 3, 3, 4, 3, 0, 1]);
+        // A prefix shorter than `min_shared` is not shared.
+        assert!(!SharedPacking::new(&seqs, 4).shares());
+        // Equal sequences keep one token each.
+        let same: [&[u32]; 3] = [&[4, 5, 6], &[4, 5, 6], &[4, 5, 6]];
+        let p = SharedPacking::new(&same, 1);
+        assert_eq!(rows(&p), vec![vec![0, 1, 2], vec![0, 1, 3], vec![0, 1, 4]]);
+        // A member that would shorten the prefix more than it saves starts its own group.
+        let long: [&[u32]; 3] = [&[1, 2, 3, 4, 5, 6, 7], &[1, 2, 3, 4, 5, 6, 8], &[1, 2, 9]];
+        let p = SharedPacking::new(&long, 2);
+        assert_eq!(rows(&p)[2], vec![8, 9, 10]);
+        assert_eq!(p.len(), 11);
+    }
 
     #[test]
     fn positions_follow_transformers() {

@@ -47,7 +47,7 @@ pub use cache::KvCache;
 pub use config::{ModelType, Qwen2Config};
 pub use error::{ModelError, Result};
 pub use generate::{GenerateConfig, Generated, generate, prefill};
-pub use inputs::StepInput;
+pub use inputs::{SharedPacking, StepInput};
 pub use linear::Linear;
 pub use load::{LoadOptions, RandomInit};
 pub use logprobs::{SequenceLogprobs, packed_logprobs, sequence_logprobs};

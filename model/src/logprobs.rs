@@ -8,6 +8,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::backend::ModelBackend;
 use crate::error::{ModelError, Result};
+use crate::inputs::SharedPacking;
 use crate::qwen2::Qwen2ForCausalLM;
 
 /// Per-token log-probabilities and entropies of packed sequences.
@@ -32,8 +33,9 @@ pub(crate) struct Targets {
     pub tokens: Vec<i64>,
     /// As in [`SequenceLogprobs::offsets`].
     pub offsets: Vec<usize>,
-    /// When only some tokens are scored ([`targets_scored`]): for every entry of the full
-    /// layout, its index among the computed ones, or `rows.len()` for an entry left at 0.
+    /// When only some tokens are scored or some are computed once for several entries
+    /// ([`targets_packed`]): for every entry of the full layout, its index among the computed
+    /// ones, or `rows.len()` for an entry left at 0.
     pub spread: Option<Vec<i64>>,
 }
 
@@ -65,43 +67,77 @@ pub(crate) fn targets(seqs: &[&[u32]]) -> Result<Targets> {
     Ok(out)
 }
 
-/// Like [`targets`], but only the tokens marked in `scored` (`scored[i][t]`: token `t` of
-/// sequence `i`, as long as the sequence; token 0 has no prediction) are computed; the others'
-/// entries are 0. With no token marked at all, every token is computed (a loss then weights
-/// them all by 0, and its backward pass still has a graph to run).
-pub(crate) fn targets_scored(seqs: &[&[u32]], scored: &[&[bool]]) -> Result<Targets> {
+/// [`targets`] for sequences packed as `packing` lays them out: an entry reads its position's
+/// packed row, and entries with the same row and next token (a shared prefix's) are computed
+/// once. With `scored` (`scored[i][t]`: token `t` of sequence `i`, as long as the sequence;
+/// token 0 has no prediction), only the marked tokens are computed and the others' entries are
+/// 0; with no token marked at all, every token is computed (a loss then weights them all by 0,
+/// and its backward pass still has a graph to run).
+pub(crate) fn targets_packed(
+    seqs: &[&[u32]],
+    packing: &SharedPacking,
+    scored: Option<&[&[bool]]>,
+) -> Result<Targets> {
     let mut all = targets(seqs)?;
-    if scored.len() != seqs.len() {
-        return Err(ModelError::Input(format!(
-            "{} scored masks for {} sequences",
-            scored.len(),
-            seqs.len()
-        )));
-    }
-    if let Some(i) = (0..seqs.len()).find(|&i| scored[i].len() != seqs[i].len()) {
-        return Err(ModelError::Input(format!(
-            "sequence {i} has {} tokens but {} scored flags",
-            seqs[i].len(),
-            scored[i].len()
-        )));
+    if packing.num_sequences() != seqs.len()
+        || (0..seqs.len()).any(|i| packing.sequence_rows(i).len() != seqs[i].len())
+    {
+        return Err(ModelError::Input(
+            "the shared packing was built from other sequences".into(),
+        ));
     }
     // Entry e of the full layout predicts token t + 1 of its sequence.
-    let keep: Vec<bool> = scored.iter().flat_map(|m| m[1..].iter().copied()).collect();
-    let kept = keep.iter().filter(|k| **k).count();
-    if kept == 0 {
+    let keep: Vec<bool> = match scored {
+        None => vec![true; all.rows.len()],
+        Some(scored) => {
+            if scored.len() != seqs.len() {
+                return Err(ModelError::Input(format!(
+                    "{} scored masks for {} sequences",
+                    scored.len(),
+                    seqs.len()
+                )));
+            }
+            if let Some(i) = (0..seqs.len()).find(|&i| scored[i].len() != seqs[i].len()) {
+                return Err(ModelError::Input(format!(
+                    "sequence {i} has {} tokens but {} scored flags",
+                    seqs[i].len(),
+                    scored[i].len()
+                )));
+            }
+            scored.iter().flat_map(|m| m[1..].iter().copied()).collect()
+        }
+    };
+    let any_kept = keep.iter().any(|k| *k);
+    if !packing.shares() && (!any_kept || scored.is_none()) {
         return Ok(all);
     }
-    let mut spread = Vec::with_capacity(keep.len());
-    let (mut rows, mut tokens) = (Vec::with_capacity(kept), Vec::with_capacity(kept));
-    for (e, &k) in keep.iter().enumerate() {
-        if k {
-            spread.push(rows.len() as i64);
-            rows.push(all.rows[e]);
-            tokens.push(all.tokens[e]);
-        } else {
-            spread.push(kept as i64);
-        }
-    }
+    let keep = |e: usize| keep[e] || !any_kept;
+    let rows_of: Vec<i64> = (0..seqs.len())
+        .flat_map(|i| {
+            let rows = packing.sequence_rows(i);
+            rows[..rows.len() - 1].iter().map(|&r| r as i64)
+        })
+        .collect();
+    let mut index = std::collections::HashMap::new();
+    let (mut rows, mut tokens) = (Vec::new(), Vec::new());
+    let mut spread: Vec<i64> = (0..all.rows.len())
+        .map(|e| {
+            if !keep(e) {
+                return -1;
+            }
+            let key = (rows_of[e], all.tokens[e]);
+            *index.entry(key).or_insert_with(|| {
+                rows.push(key.0);
+                tokens.push(key.1);
+                rows.len() as i64 - 1
+            })
+        })
+        .collect();
+    let zero = rows.len() as i64;
+    spread
+        .iter_mut()
+        .filter(|s| **s < 0)
+        .for_each(|s| *s = zero);
     all.rows = rows;
     all.tokens = tokens;
     all.spread = Some(spread);

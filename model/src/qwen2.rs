@@ -17,7 +17,7 @@ use crate::backend::{Head, Heads, ModelBackend, SequenceKv};
 use crate::cache::KvCache;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
-use crate::inputs::{RotaryEmbedding, Segment, StepInput};
+use crate::inputs::{RotaryEmbedding, Segment, SharedPacking, StepInput};
 use crate::linear::{BaseWeight, Linear, frozen};
 
 /// Token embeddings `[vocab, hidden]`, held as consecutive row blocks.
@@ -183,8 +183,24 @@ impl<B: ModelBackend> Attention<B> {
         let v = self.v_proj.forward(x);
         let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
         let out = match cache {
-            None => B::packed_attention(prim(q), prim(k), prim(v), &input.spans, heads).0,
+            None => match &input.expansion {
+                None => B::packed_attention(prim(q), prim(k), prim(v), &input.spans, heads).0,
+                Some(e) => {
+                    // Shared rows computed once: attention sees every sequence whole.
+                    let whole = |t: Tensor<B, 2>| prim(t.select(0, e.expand.clone()));
+                    let out =
+                        B::packed_attention(whole(q), whole(k), whole(v), &input.spans, heads);
+                    Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(out.0))
+                        .select(0, e.pick.clone())
+                        .into_primitive()
+                        .tensor()
+                }
+            },
             Some(cache) => {
+                assert!(
+                    input.expansion.is_none(),
+                    "a cached step cannot share packed rows"
+                );
                 assert_eq!(
                     input.rows.len(),
                     input.spans.len(),
@@ -398,6 +414,18 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
     pub fn packed_input(&self, seqs: &[&[u32]], device: &B::Device) -> Result<StepInput<B>> {
         let segments: Vec<Segment<'_>> = seqs.iter().map(|ids| Segment { ids, past: 0 }).collect();
         StepInput::packed(&self.config, &self.model.rotary_emb, &segments, device)
+    }
+
+    /// Builds the inputs of a forward pass over sequences packed as `packing` (built from the
+    /// same `seqs`) lays them out, shared prefixes once, nothing cached
+    /// ([`StepInput::shared`]).
+    pub fn shared_input(
+        &self,
+        seqs: &[&[u32]],
+        packing: &SharedPacking,
+        device: &B::Device,
+    ) -> Result<StepInput<B>> {
+        StepInput::shared(&self.config, &self.model.rotary_emb, seqs, packing, device)
     }
 
     /// Builds the inputs of a cached step: each `(row, ids)` appends `ids` to that cache row.

@@ -23,7 +23,8 @@ use burn::tensor::{DType, ElementConversion, Tensor};
 
 use crate::backend::ModelBackend;
 use crate::error::{ModelError, Result};
-use crate::logprobs::{SequenceLogprobs, Targets, head_logprobs, targets, targets_scored};
+use crate::inputs::SharedPacking;
+use crate::logprobs::{SequenceLogprobs, head_logprobs, targets_packed};
 use crate::qwen2::Qwen2ForCausalLM;
 
 /// Settings of a training pass.
@@ -35,6 +36,11 @@ pub struct TrainPass {
     pub chunk: usize,
     /// Softmax temperature of the log-probabilities.
     pub temperature: f64,
+    /// Pack consecutive sequences that begin with at least this many equal tokens (a GRPO
+    /// group's prompt) with that beginning stored once ([`SharedPacking`]): its projections,
+    /// MLP and output head then run once for the group. Values and gradients are those of
+    /// packing every sequence whole, up to rounding. 0: every sequence is packed whole.
+    pub share_prefix: usize,
 }
 
 impl Default for TrainPass {
@@ -43,6 +49,7 @@ impl Default for TrainPass {
             checkpointing: false,
             chunk: crate::qwen2::DEFAULT_LOGPROB_CHUNK,
             temperature: 1.0,
+            share_prefix: 0,
         }
     }
 }
@@ -70,7 +77,7 @@ where
     B: AutodiffBackend + ModelBackend,
     B::InnerBackend: ModelBackend,
 {
-    run_pass(model, seqs, targets(seqs)?, pass, device, loss)
+    run_pass(model, seqs, None, pass, device, loss)
 }
 
 /// [`forward_backward`] for a loss that reads only some tokens: `scored[i][t]` marks token `t`
@@ -93,20 +100,13 @@ where
     B: AutodiffBackend + ModelBackend,
     B::InnerBackend: ModelBackend,
 {
-    run_pass(
-        model,
-        seqs,
-        targets_scored(seqs, scored)?,
-        pass,
-        device,
-        loss,
-    )
+    run_pass(model, seqs, Some(scored), pass, device, loss)
 }
 
 fn run_pass<B, T>(
     model: &Qwen2ForCausalLM<B>,
     seqs: &[&[u32]],
-    targets: Targets,
+    scored: Option<&[&[bool]]>,
     pass: TrainPass,
     device: &B::Device,
     loss: impl FnOnce(&SequenceLogprobs<B>) -> (Tensor<B, 1>, T),
@@ -115,8 +115,10 @@ where
     B: AutodiffBackend + ModelBackend,
     B::InnerBackend: ModelBackend,
 {
+    let packing = SharedPacking::new(seqs, pass.share_prefix);
+    let targets = targets_packed(seqs, &packing, scored)?;
     if !pass.checkpointing {
-        let input = model.packed_input(seqs, device)?;
+        let input = model.shared_input(seqs, &packing, device)?;
         let hidden = model.forward_hidden(&input, None);
         let out = head_logprobs(model, hidden, &targets, pass.temperature, pass.chunk);
         let (value, aux) = loss(&out);
@@ -137,7 +139,7 @@ where
     }
     // Forward on the inner backend, keeping each layer's input.
     let inner = model.valid();
-    let inner_input = inner.packed_input(seqs, device)?;
+    let inner_input = inner.shared_input(seqs, &packing, device)?;
     let mut x = inner
         .model
         .embed_tokens
@@ -158,7 +160,7 @@ where
     let mut upstream = top.grad_remove(&mut grads_ad);
     let mut grads = GradientsParams::from_grads(grads_ad, model);
     // Layer by layer from the top: re-run, backpropagate the gradient from above.
-    let input = model.packed_input(seqs, device)?;
+    let input = model.shared_input(seqs, &packing, device)?;
     for (i, layer) in model.model.layers.iter().enumerate().rev() {
         let Some(g) = upstream.take() else {
             break; // nothing above depends on this layer

@@ -561,6 +561,7 @@ fn checkpointing_gives_the_ordinary_gradients() {
                 checkpointing,
                 chunk: 3,
                 temperature: 1.0,
+                share_prefix: 0,
             };
             forward_backward(&model, &SEQS, pass, &device, weighted).unwrap()
         };
@@ -668,6 +669,7 @@ fn full_fine_tuning_gives_every_weight_its_gradient() {
                 checkpointing,
                 chunk: 3,
                 temperature: 1.0,
+                share_prefix: 0,
             };
             forward_backward(&model, &SEQS, pass, &device, weighted).unwrap()
         };
@@ -770,6 +772,7 @@ fn random_inputs_do_not_produce_nan_gradients_through_long_sequences() {
         checkpointing: true,
         chunk: 64,
         temperature: 1.0,
+        share_prefix: 0,
     };
     let out = forward_backward(&model, &seqs, pass, &device, weighted).unwrap();
     assert!(out.loss.is_finite());
@@ -804,6 +807,7 @@ fn scoring_some_tokens_gives_them_the_values_and_gradients_of_scoring_all() {
             checkpointing,
             chunk: 3,
             temperature: 0.8,
+            share_prefix: 0,
         };
         let seen = std::cell::RefCell::new(Vec::new());
         // The weighted loss restricted to the scored entries; records what it was given.
@@ -851,6 +855,112 @@ fn scoring_some_tokens_gives_them_the_values_and_gradients_of_scoring_all() {
             );
         }
     }
+}
+
+/// Two groups whose members begin alike (a GRPO group's prompt), with one sequence between
+/// them that shares nothing, and a group member that equals its prompt plus one token.
+const GROUPED: [&[u32]; 7] = [
+    &[1, 5, 9, 2, 7, 30, 44, 3, 8],
+    &[1, 5, 9, 2, 7, 30, 12],
+    &[1, 5, 9, 2, 7, 30, 44, 19, 6, 0],
+    &[47, 0, 12],
+    &[3, 3, 8, 40, 41],
+    &[3, 3, 8, 40, 2, 2, 2, 9],
+    &[3, 3, 8, 40, 41, 11],
+];
+
+#[test]
+fn shared_prefixes_give_the_values_and_gradients_of_whole_sequences() {
+    let device = Default::default();
+    let packing = fathom_model::SharedPacking::new(&GROUPED, 3);
+    // Rows: 6 + 3 + 1 + 4 (the first group) + 3 + 4 + 1 + 4 + 2 (the second) = 28 of 48.
+    assert!(packing.shares());
+    assert_eq!(packing.len(), 6 + 3 + 1 + 4 + 3 + 4 + 1 + 4 + 2);
+    assert_eq!(packing.sequence_rows(1), &[0, 1, 2, 3, 4, 5, 9]);
+    let flags: Vec<Vec<bool>> = GROUPED
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (0..s.len()).map(|t| t > 0 && (t + i) % 3 != 0).collect())
+        .collect();
+    let scored: Vec<&[bool]> = flags.iter().map(Vec::as_slice).collect();
+    for (nf4, checkpointing, some) in [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (false, false, true),
+    ] {
+        let model = lora_model(true, nf4);
+        let seen = std::cell::RefCell::new(Vec::new());
+        let recorded = |out: &fathom_model::SequenceLogprobs<Ad>| {
+            seen.borrow_mut()
+                .push((values(out.logprobs.clone()), values(out.entropy.clone())));
+            weighted(out)
+        };
+        let run = |share_prefix: usize| {
+            let pass = TrainPass {
+                checkpointing,
+                chunk: 5,
+                temperature: 0.9,
+                share_prefix,
+            };
+            if some {
+                forward_backward_scored(&model, &GROUPED, &scored, pass, &device, recorded)
+            } else {
+                forward_backward(&model, &GROUPED, pass, &device, recorded)
+            }
+            .unwrap()
+        };
+        let (whole, shared) = (run(0), run(3));
+        let seen = seen.into_inner();
+        let ((lp_whole, ent_whole), (lp_shared, ent_shared)) = (&seen[0], &seen[1]);
+        assert_eq!(
+            lp_whole.len(),
+            GROUPED.iter().map(|s| s.len() - 1).sum::<usize>()
+        );
+        let case = format!("nf4 {nf4} checkpointing {checkpointing} scored {some}");
+        assert!(max_diff(lp_whole, lp_shared) < 1e-5, "{case}");
+        assert!(max_diff(ent_whole, ent_shared) < 1e-5, "{case}");
+        assert!(
+            (whole.loss - shared.loss).abs() < 1e-4,
+            "{case}: {} vs {}",
+            whole.loss,
+            shared.loss
+        );
+        let (a, b) = (
+            lora_grads(&model, &whole.grads),
+            lora_grads(&model, &shared.grads),
+        );
+        assert_eq!(a.len(), 2 * 7 * 2);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                x.iter().any(|v| *v != 0.0),
+                "{case}: a gradient is all zero"
+            );
+            let diff = max_diff(x, y);
+            let scale = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(diff < 1e-5 * scale.max(1.0), "{case}: {diff}");
+        }
+    }
+}
+
+#[test]
+fn a_shared_packing_must_come_from_the_same_sequences() {
+    let device = Default::default();
+    let model = lora_model(true, false);
+    let packing = fathom_model::SharedPacking::new(&GROUPED[..3], 2);
+    let err = model
+        .shared_input(&GROUPED[..2], &packing, &device)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("built from other sequences"), "{err}");
+    let other: [&[u32]; 3] = [GROUPED[0], GROUPED[1], GROUPED[3]];
+    let err = model
+        .shared_input(&other, &packing, &device)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("built from other sequences"), "{err}");
 }
 
 #[test]

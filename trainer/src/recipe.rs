@@ -212,6 +212,13 @@ pub struct LearnerSection {
     /// a large batch go without checkpointing's recomputation. `None` (the default): one pass.
     #[serde(default)]
     pub pass_tokens: Option<usize>,
+    /// Store a beginning that consecutive sequences share, when it is at least this many
+    /// tokens, once per pass (a GRPO group's prompt; SFT traces' system prompt): projections,
+    /// MLP and output head run on it once, attention still sees each sequence whole. The same
+    /// values and gradients up to rounding, fewer tokens computed; passes count the tokens
+    /// stored. 0 (the default): every sequence is packed whole.
+    #[serde(default)]
+    pub share_prefix: usize,
 }
 
 /// Token sampling during rollouts.

@@ -24,7 +24,9 @@ use burn::tensor::{Int, Tensor, TensorData};
 use fathom_env::env::{EnvConfig, ReplEnv, ResetRequest, Services};
 use fathom_env::expert::PassageReader;
 use fathom_env::sandbox::{SandboxConfig, SandboxPool, WorkerCommand};
-use fathom_model::{ModelBackend, Qwen2ForCausalLM, SequenceLogprobs, Tokenizer, TrainPass};
+use fathom_model::{
+    ModelBackend, Qwen2ForCausalLM, SequenceLogprobs, SharedPacking, Tokenizer, TrainPass,
+};
 use fathom_rewards::record::{Task, Trajectory};
 use rand::seq::SliceRandom;
 
@@ -377,6 +379,7 @@ fn pass(learner: &LearnerSection, temperature: f64) -> TrainPass {
         checkpointing: learner.activation_checkpointing,
         chunk: learner.logprob_chunk,
         temperature,
+        share_prefix: learner.share_prefix,
     }
 }
 
@@ -513,9 +516,11 @@ impl<B: ModelBackend> Run<'_, B> {
                 .map(|e| e.targets[1..].iter().filter(|t| **t).count())
                 .sum();
             let (mut loss, mut grads) = (0f64, None::<GradientsParams>);
-            for part in passes(batch.iter().map(|e| e.ids.len()), sft.learner.pass_tokens) {
+            let all: Vec<&[u32]> = batch.iter().map(|e| e.ids.as_slice()).collect();
+            let l = &sft.learner;
+            for part in passes(&all, l.pass_tokens, l.share_prefix) {
+                let seqs = &all[part.clone()];
                 let examples = &batch[part];
-                let seqs: Vec<&[u32]> = examples.iter().map(|e| e.ids.as_slice()).collect();
                 let weights: Vec<f32> = examples
                     .iter()
                     .flat_map(|e| {
@@ -530,7 +535,7 @@ impl<B: ModelBackend> Run<'_, B> {
                 let device = self.device.clone();
                 let out = fathom_model::forward_backward_scored(
                     &model,
-                    &seqs,
+                    seqs,
                     &scored,
                     pass(&sft.learner, 1.0),
                     self.device,
@@ -907,7 +912,7 @@ pub fn learn<B: ModelBackend>(
         None => None,
     };
     // Each pass's rows of the batch and of the reference, cut once for every optimiser step.
-    let parts: Vec<_> = passes(samples.iter().map(|s| s.ids.len()), g.learner.pass_tokens)
+    let parts: Vec<_> = passes(&seqs, g.learner.pass_tokens, g.learner.share_prefix)
         .into_iter()
         .map(|part| {
             let rows = batch.rows(part.clone());
@@ -969,22 +974,18 @@ fn accumulate<B: burn::tensor::backend::AutodiffBackend>(
     }
 }
 
-/// The learner's passes over a batch of sequences of lengths `lens`: consecutive runs holding
-/// at most `budget` tokens (a longer sequence alone), or the whole batch when there is no
-/// budget.
-fn passes(lens: impl Iterator<Item = usize>, budget: Option<usize>) -> Vec<Range<usize>> {
+/// The learner's passes over a batch of `seqs`: consecutive runs whose packing (shared
+/// prefixes stored once when `share_prefix` > 0) holds at most `budget` tokens (a longer
+/// sequence alone), or the whole batch when there is no budget.
+fn passes(seqs: &[&[u32]], budget: Option<usize>, share_prefix: usize) -> Vec<Range<usize>> {
+    let tokens = |part: Range<usize>| SharedPacking::new(&seqs[part], share_prefix).len();
     let mut parts: Vec<Range<usize>> = Vec::new();
-    let mut tokens = 0;
-    for (i, len) in lens.enumerate() {
+    for i in 0..seqs.len() {
         match parts.last_mut() {
-            Some(last) if budget.is_none_or(|b| tokens + len <= b) => {
+            Some(last) if budget.is_none_or(|b| tokens(last.start..i + 1) <= b) => {
                 last.end = i + 1;
-                tokens += len;
             }
-            _ => {
-                parts.push(i..i + 1);
-                tokens = len;
-            }
+            _ => parts.push(i..i + 1),
         }
     }
     parts
@@ -1029,13 +1030,28 @@ mod tests {
 
     #[test]
     fn passes_hold_whole_sequences_within_the_budget() {
-        let lens = [3, 4, 2, 9, 1, 1];
-        let at = |budget| passes(lens.iter().copied(), budget);
+        let seqs: Vec<Vec<u32>> = [3, 4, 2, 9, 1, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u32; n])
+            .collect();
+        let seqs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let at = |budget| passes(&seqs, budget, 0);
         assert_eq!(at(None), vec![0..6]);
         assert_eq!(at(Some(7)), vec![0..2, 2..3, 3..4, 4..6]);
         assert_eq!(at(Some(1)), (0..6).map(|i| i..i + 1).collect::<Vec<_>>());
         assert_eq!(at(Some(100)), vec![0..6]);
-        assert!(passes(std::iter::empty(), Some(4)).is_empty());
+        assert!(passes(&[], Some(4), 0).is_empty());
+        // A group's shared prompt counts once: 6 + 1 + 1 + 2 tokens, then a new prompt.
+        let group: [&[u32]; 4] = [
+            &[1, 2, 3, 4, 5, 6, 7],
+            &[1, 2, 3, 4, 5, 6, 8],
+            &[1, 2, 3, 4, 5, 6, 9, 9],
+            &[5, 5, 5],
+        ];
+        assert_eq!(passes(&group, Some(10), 0), vec![0..1, 1..2, 2..3, 3..4]);
+        assert_eq!(passes(&group, Some(10), 4), vec![0..3, 3..4]);
+        assert_eq!(passes(&group, Some(13), 4), vec![0..4]);
     }
 
     /// The adapter weights of a model, in parameter order.
@@ -1106,7 +1122,12 @@ mod tests {
         // 6 + 9 tokens, then 12 and 15 alone: three passes
         let (parts, three) = update(Some(15));
         assert_eq!(
-            passes(samples.iter().map(|s| s.ids.len()), Some(15)).len(),
+            passes(
+                &refs.iter().map(|s| s.ids.as_slice()).collect::<Vec<_>>(),
+                Some(15),
+                0
+            )
+            .len(),
             3
         );
         assert!((one.loss - three.loss).abs() < 1e-5, "{one:?} vs {three:?}");
