@@ -219,6 +219,18 @@ impl SharedPacking {
     pub fn shares(&self) -> bool {
         self.rows.len() > self.ids.len()
     }
+
+    /// Checks that the packing was built from `seqs` (as many sequences, of the same lengths).
+    pub(crate) fn check(&self, seqs: &[&[u32]]) -> Result<()> {
+        if self.num_sequences() != seqs.len()
+            || (0..seqs.len()).any(|i| self.sequence_rows(i).len() != seqs[i].len())
+        {
+            return Err(ModelError::Input(
+                "the shared packing was built from other sequences".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Position ids for one row of an attention mask (1 = token, 0 = padding).
@@ -309,13 +321,7 @@ impl<B: Backend> StepInput<B> {
         device: &B::Device,
     ) -> Result<Self> {
         let segments: Vec<Segment<'_>> = seqs.iter().map(|ids| Segment { ids, past: 0 }).collect();
-        if packing.num_sequences() != seqs.len()
-            || (0..seqs.len()).any(|i| packing.sequence_rows(i).len() != seqs[i].len())
-        {
-            return Err(ModelError::Input(
-                "the shared packing was built from other sequences".into(),
-            ));
-        }
+        packing.check(seqs)?;
         if !packing.shares() {
             return Self::packed(config, rotary, &segments, device);
         }

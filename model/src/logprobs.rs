@@ -79,13 +79,7 @@ pub(crate) fn targets_packed(
     scored: Option<&[&[bool]]>,
 ) -> Result<Targets> {
     let mut all = targets(seqs)?;
-    if packing.num_sequences() != seqs.len()
-        || (0..seqs.len()).any(|i| packing.sequence_rows(i).len() != seqs[i].len())
-    {
-        return Err(ModelError::Input(
-            "the shared packing was built from other sequences".into(),
-        ));
-    }
+    packing.check(seqs)?;
     // Entry e of the full layout predicts token t + 1 of its sequence.
     let keep: Vec<bool> = match scored {
         None => vec![true; all.rows.len()],
