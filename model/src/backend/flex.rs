@@ -1,7 +1,7 @@
 //! [`ModelBackend`] for burn's Flex, the default CPU backend: projections run through the host
 //! kernels of [`crate::nf4::cpu`] directly on the tensors' memory (row tiles in parallel, each
 //! multiplied with `gemm`), for dense f32, bf16 and NF4 weights alike, forward and transposed;
-//! projections of a few rows (decoding) through the AVX-512 kernels of
+//! projections of a few rows (decoding) through the AVX-512 or AVX2 kernels of
 //! [`super::gemv`] where the CPU has them; and attention through the host kernel of
 //! [`super::attention`], over the packed rows and the KV cache's storage in place.
 
@@ -19,7 +19,7 @@ use super::gemv::{self, Weight};
 use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference, vmath};
 use crate::nf4::cpu;
 
-/// Input rows up to which dense (f32, bf16) projections use the AVX-512 kernels of [`gemv`]
+/// Input rows up to which dense (f32, bf16) projections use the row kernels of [`gemv`]
 /// rather than the tiled `gemm` path. Past it, inputs with long rows (the 8960-wide down
 /// projection) no longer stay in cache while the kernel walks the weight (measured:
 /// docs/benchmarks.md).

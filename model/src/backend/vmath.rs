@@ -3,8 +3,9 @@
 //! into libm per element, which the compiler cannot vectorise: it was about 6 % of a training
 //! step of the default's model (perf, `bench train-step --shape smollm2`). Here `exp` is plain
 //! arithmetic (Cephes' single-precision polynomial, within 2 ulp of the exact value in the
-//! normal range), so the loops over a row vectorise; each loop is compiled twice, for AVX-512
-//! F (chosen at run time) and for the baseline, and sums and maxima run in 16 lanes.
+//! normal range), so the loops over a row vectorise; each loop is compiled for AVX-512 F, for
+//! AVX2 with FMA (the widest the CPU has is chosen at run time) and for the baseline, and sums and
+//! maxima run in 16 lanes.
 //!
 //! Results below `2⁻¹²⁶` (inputs under about −87.34) are flushed to 0; inputs above about 88.72
 //! give infinity and NaN stays NaN.
@@ -49,8 +50,8 @@ pub fn exp(x: f32) -> f32 {
     }
 }
 
-/// Compiles `$body` as a function `$name` twice (AVX-512 F and the baseline) and calls the
-/// first where the CPU has it.
+/// Compiles `$body` as a function `$name` three times (AVX-512 F, AVX2 with FMA, and the
+/// baseline) and calls the widest the CPU has.
 macro_rules! dispatch {
     ($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
         $(#[$meta])*
@@ -63,9 +64,19 @@ macro_rules! dispatch {
                 unsafe fn wide($($arg: $ty),*) -> $ret {
                     imp($($arg),*)
                 }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    imp($($arg),*)
+                }
                 if std::arch::is_x86_feature_detected!("avx512f") {
                     // SAFETY: the CPU has AVX-512 F (checked above).
                     return unsafe { wide($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has AVX2 and FMA (checked above).
+                    return unsafe { avx2($($arg),*) };
                 }
             }
             imp($($arg),*)

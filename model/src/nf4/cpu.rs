@@ -259,7 +259,8 @@ impl TileSource<'_> {
 }
 
 /// Writes the transpose of `src` (`h × w`, row-major) into `dst`: element `(i, j)` of `src` to
-/// `dst[j * dst_stride + i]`. Full 16 × 16 blocks go through registers on AVX-512 CPUs.
+/// `dst[j * dst_stride + i]`. Full 16 × 16 blocks go through registers on AVX-512 CPUs, full
+/// 8 × 8 blocks on AVX ones.
 fn transpose(src: &[f32], h: usize, w: usize, dst: &mut [f32], dst_stride: usize) {
     assert!(src.len() >= h * w, "source too short");
     assert!(
@@ -281,6 +282,24 @@ fn transpose(src: &[f32], h: usize, w: usize, dst: &mut [f32], dst_stride: usize
                 )
             };
             c0 += 16;
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if c0 == 0 && h.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx") {
+        while c0 + 8 <= w {
+            for i0 in (0..h).step_by(8) {
+                // SAFETY: AVX detected; rows i0..i0+8 of src hold columns c0..c0+8 (src is
+                // h × w), and dst rows c0..c0+8 hold values i0..i0+8 (checked above).
+                unsafe {
+                    transpose8(
+                        src.as_ptr().add(i0 * w + c0),
+                        w,
+                        dst.as_mut_ptr().add(c0 * dst_stride + i0),
+                        dst_stride,
+                    )
+                };
+            }
+            c0 += 8;
         }
     }
     for c in c0..w {
@@ -334,6 +353,42 @@ unsafe fn transpose16(src: *const f32, src_stride: usize, dst: *mut f32, dst_str
     for (i, row) in r.iter().enumerate() {
         // SAFETY: the caller's block.
         unsafe { _mm512_storeu_ps(dst.add(i * dst_stride), *row) };
+    }
+}
+
+/// Transposes the 8 × 8 block at `src` (row stride `src_stride`) into `dst` (row stride
+/// `dst_stride`): interleave pairs of rows, then pairs of pairs, then swap 128-bit lanes.
+///
+/// # Safety
+/// AVX must be available; both blocks must be readable/writable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose8(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+    use std::arch::x86_64::*;
+    let mut r = [_mm256_setzero_ps(); 8];
+    for (i, row) in r.iter_mut().enumerate() {
+        // SAFETY: the caller's block.
+        *row = unsafe { _mm256_loadu_ps(src.add(i * src_stride)) };
+    }
+    let mut t = [_mm256_setzero_ps(); 8];
+    for i in 0..4 {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for q in 0..2 {
+        let b = 4 * q;
+        r[b] = _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]);
+        r[b + 1] = _mm256_shuffle_ps::<0xee>(t[b], t[b + 2]);
+        r[b + 2] = _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+        r[b + 3] = _mm256_shuffle_ps::<0xee>(t[b + 1], t[b + 3]);
+    }
+    for i in 0..4 {
+        t[i] = _mm256_permute2f128_ps::<0x20>(r[i], r[4 + i]);
+        t[4 + i] = _mm256_permute2f128_ps::<0x31>(r[i], r[4 + i]);
+    }
+    for (i, row) in t.iter().enumerate() {
+        // SAFETY: the caller's block.
+        unsafe { _mm256_storeu_ps(dst.add(i * dst_stride), *row) };
     }
 }
 
@@ -683,7 +738,15 @@ mod tests {
 
     #[test]
     fn transpose_matches_the_definition() {
-        for (h, w) in [(16, 48), (16, 37), (5, 20), (16, 16), (1, 1)] {
+        for (h, w) in [
+            (16, 48),
+            (16, 37),
+            (5, 20),
+            (16, 16),
+            (1, 1),
+            (8, 19),
+            (24, 8),
+        ] {
             let src: Vec<f32> = (0..h * w).map(|i| i as f32).collect();
             let stride = h + 3;
             let mut dst = vec![-1f32; w * stride];
