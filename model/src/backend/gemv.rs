@@ -74,7 +74,7 @@ impl Isa {
     fn block_rows(self) -> usize {
         match self {
             Isa::Avx512 => 8,
-            Isa::Avx2 => 4,
+            Isa::Avx2 => 6,
         }
     }
 }
@@ -367,7 +367,7 @@ mod avx2 {
     use super::{BLOCK, Weight};
 
     /// Input rows the kernel takes per call ([`super::Isa::block_rows`]).
-    const BLOCK_ROWS: usize = 4;
+    const BLOCK_ROWS: usize = 6;
 
     /// Output rows `r0 .. r1` for every input row, written at `dst[i * rows + r]`.
     ///
@@ -397,7 +397,7 @@ mod avx2 {
             };
         }
         // SAFETY: forwarded from the caller.
-        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 3, 4 => 2) }
+        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 2) }
     }
 
     /// Output rows `r0 .. r1` for `M` input rows, `R` weight rows at a time (tail rows one at
