@@ -115,8 +115,8 @@ impl Weight<'_> {
 }
 
 /// `y = x · Wᵀ` for `x` `[m, cols]` (`1 <= m <= MAX_ROWS`) and `W` `[rows, cols]`; returns
-/// `[m, rows]`. `None` when the CPU has neither instruction set or the shape is not one the kernel takes
-/// (the caller then uses another kernel).
+/// `[m, rows]`. `None` when the CPU has neither instruction set or the shape is not one the
+/// kernel takes (the caller then uses another kernel).
 pub fn linear(
     x: &[f32],
     m: usize,

@@ -4,8 +4,8 @@
 //! step of the default's model (perf, `bench train-step --shape smollm2`). Here `exp` is plain
 //! arithmetic (Cephes' single-precision polynomial, within 2 ulp of the exact value in the
 //! normal range), so the loops over a row vectorise; each loop is compiled for AVX-512 F, for
-//! AVX2 with FMA (the widest the CPU has is chosen at run time) and for the baseline, and sums and
-//! maxima run in 16 lanes.
+//! AVX2 with FMA (the widest the CPU has is chosen at run time) and for the baseline, and sums
+//! and maxima run in 16 lanes.
 //!
 //! Results below `2⁻¹²⁶` (inputs under about −87.34) are flushed to 0; inputs above about 88.72
 //! give infinity and NaN stays NaN.
