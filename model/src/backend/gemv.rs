@@ -48,24 +48,35 @@ impl Isa {
     /// The widest instruction set this CPU runs the kernels with (detected at run time), or
     /// `None` when it has neither.
     pub fn detect() -> Option<Isa> {
-        Isa::supported().into_iter().next()
+        [Isa::Avx512, Isa::Avx2].into_iter().find(|isa| isa.runs())
     }
 
     /// Every instruction set this CPU runs the kernels with, widest first.
     pub fn supported() -> Vec<Isa> {
-        let mut isas = Vec::new();
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|isa| isa.runs())
+            .collect()
+    }
+
+    /// Whether this CPU runs the kernels of this instruction set (detected at run time; the
+    /// standard library caches the answer).
+    pub fn runs(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                isas.push(Isa::Avx512);
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                isas.push(Isa::Avx2);
+            match self {
+                Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+                Isa::Avx2 => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                }
             }
         }
-        isas
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            false
+        }
     }
 
     /// Input rows one pass of the kernel multiplies each weight row by (its accumulators fill
@@ -127,7 +138,7 @@ pub fn linear(
     linear_with(Isa::detect()?, x, m, weight, rows, cols)
 }
 
-/// [`linear`] with the kernels of `isa`, which the CPU must run ([`Isa::supported`]).
+/// [`linear`] with the kernels of `isa`, which the CPU must run ([`Isa::runs`]).
 fn linear_with(
     isa: Isa,
     x: &[f32],
@@ -136,10 +147,7 @@ fn linear_with(
     rows: usize,
     cols: usize,
 ) -> Option<Vec<f32>> {
-    assert!(
-        Isa::supported().contains(&isa),
-        "this CPU does not run the {isa:?} kernels"
-    );
+    assert!(isa.runs(), "this CPU does not run the {isa:?} kernels");
     if m == 0 || m > MAX_ROWS || !weight.supports(cols) || cols == 0 {
         return None;
     }
@@ -198,70 +206,72 @@ fn linear_with(
     Some(out)
 }
 
+/// The entry point of one instruction set's module: `rows`, which runs `row_range::<M, R>` for
+/// the input row count `M` (and the weight rows per step `R` listed for it), which walks the
+/// output rows through the module's `group::<M, R>`. One instantiation per input row count, so
+/// the accumulators live in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! row_driver {
+    ($feature:literal, $($m:literal => $r:literal),*) => {
+        /// Output rows `r0 .. r1` for every input row, written at `dst[i * rows + r]`.
+        ///
+        /// # Safety
+        /// The CPU must run this module's instruction set; `m` must be one the module
+        /// instantiates (1 to [`super::Isa::block_rows`]); `dst` must hold `m * rows` values;
+        /// the weight must cover `rows * cols` values and `x` `m * cols`.
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
+        pub(super) unsafe fn rows(
+            x: &[f32],
+            m: usize,
+            weight: Weight<'_>,
+            r0: usize,
+            r1: usize,
+            rows: usize,
+            cols: usize,
+            dst: *mut f32,
+        ) {
+            match m {
+                // SAFETY: forwarded from the caller.
+                $($m => unsafe { row_range::<$m, $r>(x, weight, r0, r1, rows, cols, dst) },)*
+                _ => unreachable!("{m} input rows in one block"),
+            }
+        }
+
+        /// Output rows `r0 .. r1` for `M` input rows, `R` weight rows at a time (tail rows one
+        /// at a time).
+        #[target_feature(enable = $feature)]
+        unsafe fn row_range<const M: usize, const R: usize>(
+            x: &[f32],
+            weight: Weight<'_>,
+            r0: usize,
+            r1: usize,
+            rows: usize,
+            cols: usize,
+            dst: *mut f32,
+        ) {
+            let mut r = r0;
+            while r + R <= r1 {
+                // SAFETY: forwarded from the caller.
+                unsafe { group::<M, R>(x, weight, r, rows, cols, dst) };
+                r += R;
+            }
+            while r < r1 {
+                // SAFETY: forwarded from the caller.
+                unsafe { group::<M, 1>(x, weight, r, rows, cols, dst) };
+                r += 1;
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{BLOCK, Weight};
 
-    /// Input rows the kernel takes per call ([`super::Isa::block_rows`]).
-    const BLOCK_ROWS: usize = 8;
-
-    /// Output rows `r0 .. r1` for every input row, written at `dst[i * rows + r]`.
-    ///
-    /// # Safety
-    /// AVX-512 F must be available; `1 <= m <= BLOCK_ROWS`; `dst` must hold `m * rows` values;
-    /// the weight must cover `rows * cols` values and `x` `m * cols`.
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn rows(
-        x: &[f32],
-        m: usize,
-        weight: Weight<'_>,
-        r0: usize,
-        r1: usize,
-        rows: usize,
-        cols: usize,
-        dst: *mut f32,
-    ) {
-        // One instantiation per input row count (and weight rows per step): the accumulators
-        // live in registers.
-        macro_rules! dispatch {
-            ($($m:literal => $a:literal),*) => {
-                match m {
-                    $($m => row_range::<$m, $a>(x, weight, r0, r1, rows, cols, dst),)*
-                    _ => unreachable!("1 <= m <= {BLOCK_ROWS}"),
-                }
-            };
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 2, 4 => 2, 5 => 2, 6 => 2, 7 => 2, 8 => 2) }
-    }
-
-    /// Output rows `r0 .. r1` for `M` input rows, `R` weight rows at a time (tail rows one at
-    /// a time).
-    #[target_feature(enable = "avx512f")]
-    unsafe fn row_range<const M: usize, const R: usize>(
-        x: &[f32],
-        weight: Weight<'_>,
-        r0: usize,
-        r1: usize,
-        rows: usize,
-        cols: usize,
-        dst: *mut f32,
-    ) {
-        let mut r = r0;
-        while r + R <= r1 {
-            // SAFETY: forwarded from the caller.
-            unsafe { group::<M, R>(x, weight, r, rows, cols, dst) };
-            r += R;
-        }
-        while r < r1 {
-            // SAFETY: forwarded from the caller.
-            unsafe { group::<M, 1>(x, weight, r, rows, cols, dst) };
-            r += 1;
-        }
-    }
+    row_driver!("avx512f", 1 => 4, 2 => 4, 3 => 2, 4 => 2, 5 => 2, 6 => 2, 7 => 2, 8 => 2);
 
     /// Weight rows `r .. r + R` times `M` input rows: `M × R` accumulators, so each input
     /// vector loaded serves `R` weight rows and each weight vector `M` input rows, and there
@@ -366,64 +376,7 @@ mod avx2 {
 
     use super::{BLOCK, Weight};
 
-    /// Input rows the kernel takes per call ([`super::Isa::block_rows`]).
-    const BLOCK_ROWS: usize = 6;
-
-    /// Output rows `r0 .. r1` for every input row, written at `dst[i * rows + r]`.
-    ///
-    /// # Safety
-    /// AVX2 and FMA must be available; `1 <= m <= BLOCK_ROWS`; `dst` must hold `m * rows`
-    /// values; the weight must cover `rows * cols` values and `x` `m * cols`.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn rows(
-        x: &[f32],
-        m: usize,
-        weight: Weight<'_>,
-        r0: usize,
-        r1: usize,
-        rows: usize,
-        cols: usize,
-        dst: *mut f32,
-    ) {
-        // One instantiation per input row count (and weight rows per step): the accumulators
-        // live in the 16 registers, with room for the weight and input vectors.
-        macro_rules! dispatch {
-            ($($m:literal => $a:literal),*) => {
-                match m {
-                    $($m => row_range::<$m, $a>(x, weight, r0, r1, rows, cols, dst),)*
-                    _ => unreachable!("1 <= m <= {BLOCK_ROWS}"),
-                }
-            };
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { dispatch!(1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 2) }
-    }
-
-    /// Output rows `r0 .. r1` for `M` input rows, `R` weight rows at a time (tail rows one at
-    /// a time).
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn row_range<const M: usize, const R: usize>(
-        x: &[f32],
-        weight: Weight<'_>,
-        r0: usize,
-        r1: usize,
-        rows: usize,
-        cols: usize,
-        dst: *mut f32,
-    ) {
-        let mut r = r0;
-        while r + R <= r1 {
-            // SAFETY: forwarded from the caller.
-            unsafe { group::<M, R>(x, weight, r, rows, cols, dst) };
-            r += R;
-        }
-        while r < r1 {
-            // SAFETY: forwarded from the caller.
-            unsafe { group::<M, 1>(x, weight, r, rows, cols, dst) };
-            r += 1;
-        }
-    }
+    row_driver!("avx2,fma", 1 => 4, 2 => 4, 3 => 3, 4 => 2, 5 => 2, 6 => 2);
 
     /// The sum of a register's eight lanes.
     #[target_feature(enable = "avx2,fma")]
