@@ -11,7 +11,9 @@
 //!
 //! - [`qwen2`]: the module (Hugging Face names); [`load`], [`save`], [`checkpoint`],
 //!   [`config`]: checkpoints in and out.
-//! - [`linear`], [`lora`], [`peft`], [`nf4`]: projections with dense or NF4 bases and LoRA.
+//! - [`linear`], [`lora`], [`peft`], [`nf4`]: projections with dense or NF4 bases and LoRA;
+//!   [`blocks`]: exact 32-weight block copies of dense weights that came from a GGUF file, which
+//!   the CPU decoding kernels read instead.
 //! - [`inputs`]: packed steps and rotary tables; [`cache`]: the KV cache.
 //! - [`generate`], [`sample`]: prefill / sample / stop seams and batched generation.
 //! - [`logprobs`], [`train`]: teacher-forced log-probabilities and the training pass.
@@ -23,6 +25,7 @@ pub mod backend;
 pub mod base;
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod blocks;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;

@@ -6,12 +6,17 @@
 //! [`crate::Qwen2ForCausalLM::into_full_tuning`] marks them trainable (full fine-tuning). An NF4
 //! base is packed constants and is never trained. With a LoRA adapter, the adapter's `lora_a` /
 //! `lora_b` are the only parameters that require gradients.
+//!
+//! A frozen dense base may also carry an exact copy of itself in 32-weight blocks
+//! ([`BlockWeight`], [`crate::blocks`]) for backends whose decoding kernels read it instead; the
+//! copy is dropped whenever the base could change (full fine-tuning, merging an adapter).
 
 use burn::module::{Module, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Int, Tensor, TensorData, TensorPrimitive};
 
 use crate::backend::ModelBackend;
+use crate::blocks::{self, BlockFormat};
 use crate::lora::Lora;
 use crate::nf4::format::{BLOCK, NF4_CODE, quantize_nf4};
 use crate::nf4::{codes_bytes, codes_tensor};
@@ -78,6 +83,29 @@ impl<B: ModelBackend> Nf4Weight<B> {
     }
 }
 
+/// An exact copy of a dense `[rows, cols]` base weight in 32-weight blocks ([`crate::blocks`]).
+#[derive(Module, Debug)]
+pub struct BlockWeight<B: Backend> {
+    /// The blocks' `u32` words.
+    pub words: Tensor<B, 1, Int>,
+    /// The block format.
+    #[module(skip)]
+    pub format: BlockFormat,
+}
+
+impl<B: Backend> BlockWeight<B> {
+    /// Recovers the copy of a host `[rows, cols]` weight and uploads it; `None` when the weight
+    /// is not exactly one in any block format ([`crate::blocks::recover`]).
+    pub fn recover(values: &[f32], rows: usize, cols: usize, device: &B::Device) -> Option<Self> {
+        let (format, words) = blocks::recover(values, rows, cols)?;
+        let len = words.len();
+        Some(Self {
+            words: Tensor::from_data(TensorData::new(words, [len]), (device, DType::U32)),
+            format,
+        })
+    }
+}
+
 /// `tensor` as a parameter that does not require gradients (a frozen base weight).
 pub fn frozen<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Param<Tensor<B, D>> {
     Param::initialized(ParamId::new(), tensor.set_require_grad(false))
@@ -101,6 +129,8 @@ pub struct Linear<B: Backend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
     /// The adapter, when one is attached.
     pub lora: Option<Lora<B>>,
+    /// An exact block copy of a dense base, for decoding ([`ModelBackend::dense_linear_blocks`]).
+    pub block_copy: Option<BlockWeight<B>>,
 }
 
 impl<B: Backend> Linear<B> {
@@ -110,6 +140,7 @@ impl<B: Backend> Linear<B> {
             weight: BaseWeight::Dense(frozen(weight)),
             bias: bias.map(frozen),
             lora: None,
+            block_copy: None,
         }
     }
 
@@ -151,10 +182,19 @@ impl<B: ModelBackend> Linear<B> {
     pub fn base_forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.weight {
             BaseWeight::Dense(w) => {
-                Tensor::from_primitive(TensorPrimitive::Float(B::dense_linear(
+                let (x, w) = (
                     x.into_primitive().tensor(),
                     w.val().into_primitive().tensor(),
-                )))
+                );
+                Tensor::from_primitive(TensorPrimitive::Float(match &self.block_copy {
+                    Some(copy) => B::dense_linear_blocks(
+                        x,
+                        w,
+                        copy.words.clone().into_primitive(),
+                        copy.format,
+                    ),
+                    None => B::dense_linear(x, w),
+                }))
             }
             BaseWeight::Nf4(w) => Tensor::from_primitive(TensorPrimitive::Float(B::nf4_linear(
                 x.into_primitive().tensor(),
@@ -184,6 +224,7 @@ impl<B: ModelBackend> Linear<B> {
             weight: BaseWeight::Dense(frozen(merged)),
             bias: self.bias,
             lora: None,
+            block_copy: None,
         }
     }
 }
@@ -209,6 +250,7 @@ mod tests {
             weight: BaseWeight::Nf4(nf4),
             bias: None,
             lora: None,
+            block_copy: None,
         };
         for seq in [1, 20] {
             let x = Tensor::<B, 2>::random([2 * seq, cols], Distribution::Default, &device);

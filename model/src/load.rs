@@ -16,7 +16,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::inputs::RotaryEmbedding;
-use crate::linear::{BaseWeight, Linear, Nf4Weight, frozen};
+use crate::linear::{BaseWeight, BlockWeight, Linear, Nf4Weight, frozen};
 use crate::nf4::format::{BLOCK, NF4_CODE, dequantize_absmax};
 use crate::qwen2::{
     Attention, DecoderLayer, Embedding, Mlp, Qwen2ForCausalLM, Qwen2Model, RmsNorm,
@@ -70,7 +70,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
                           bias: bool,
                           quantize: bool|
          -> Result<Linear<B>> {
-            let weight = load_base::<B>(&ck, path, rows, cols, quantize, device)?;
+            let (weight, block_copy) = load_base::<B>(&ck, path, rows, cols, quantize, device)?;
             let bias = if bias {
                 Some(frozen(vector(&format!("{path}.bias"), rows)?))
             } else {
@@ -80,6 +80,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
                 weight,
                 bias,
                 lora: None,
+                block_copy,
             })
         };
         let q = options.quantize_nf4;
@@ -156,6 +157,7 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
                 &ck,
                 "model.embed_tokens.weight",
                 [config.vocab_size, hidden],
+                lm_head.is_none(),
                 device,
             )?,
             layers,
@@ -256,10 +258,13 @@ fn normal(rng: &mut StdRng, len: usize, std: f32) -> Vec<f32> {
 
 /// The embedding matrix: kept bf16 when the checkpoint stores it so and the backend multiplies
 /// by bf16 weights directly ([`ModelBackend::KEEPS_BF16`]; lossless either way), f32 otherwise.
+/// An f32 table that is also the output head (`head`) comes with its exact block copy where
+/// the backend reads one and the values are one ([`crate::blocks`]).
 fn embedding_table<B: ModelBackend>(
     ck: &Checkpoint,
     name: &str,
     shape: [usize; 2],
+    head: bool,
     device: &B::Device,
 ) -> Result<Embedding<B>> {
     let raw = ck.raw(name)?;
@@ -284,12 +289,15 @@ fn embedding_table<B: ModelBackend>(
         ));
     }
     let values = crate::checkpoint::to_f32(name, raw.dtype, raw.data)?;
+    let copy = (head && B::READS_BLOCKS)
+        .then(|| BlockWeight::recover(&values, shape[0], shape[1], device))
+        .flatten();
     let data = TensorData::new(values, shape);
-    Ok(Embedding::from_data(
-        data,
-        B::max_buffer_bytes(device),
-        device,
-    ))
+    let mut table = Embedding::from_data(data, B::max_buffer_bytes(device), device);
+    if table.blocks.len() == 1 {
+        table.block_copy = copy;
+    }
+    Ok(table)
 }
 
 fn build<B: ModelBackend>(
@@ -376,6 +384,7 @@ fn build<B: ModelBackend>(
         weight,
         bias: bias.map(frozen),
         lora: None,
+        block_copy: None,
     };
     let layers = layers_raw
         .into_iter()
@@ -421,19 +430,22 @@ fn build<B: ModelBackend>(
 }
 
 /// Loads one projection's base weight: bitsandbytes NF4 when the checkpoint holds its
-/// quantization state, dense otherwise (quantized here when asked).
-fn load_base<B: Backend>(
+/// quantization state, dense otherwise (quantized here when asked). A dense weight comes with
+/// its exact block copy where the backend reads one and the values are one
+/// ([`crate::blocks`]).
+fn load_base<B: ModelBackend>(
     ck: &Checkpoint,
     path: &str,
     rows: usize,
     cols: usize,
     quantize: bool,
     device: &B::Device,
-) -> Result<BaseWeight<B>> {
+) -> Result<(BaseWeight<B>, Option<BlockWeight<B>>)> {
     let name = format!("{path}.weight");
     let state_key = format!("{name}.quant_state.bitsandbytes__nf4");
     if ck.contains(&state_key) {
-        return load_nf4(ck, &name, &state_key, rows, cols, device).map(BaseWeight::Nf4);
+        let nf4 = load_nf4(ck, &name, &state_key, rows, cols, device)?;
+        return Ok((BaseWeight::Nf4(nf4), None));
     }
     for suffix in ["quant_state.bitsandbytes__fp4", "SCB"] {
         if ck.contains(&format!("{name}.{suffix}")) {
@@ -447,15 +459,17 @@ fn load_base<B: Backend>(
     }
     let values = ck.f32(&name, &[rows, cols])?;
     if quantize {
-        Ok(BaseWeight::Nf4(Nf4Weight::quantize(
-            &values, rows, cols, device,
-        )))
-    } else {
-        Ok(BaseWeight::Dense(frozen(Tensor::from_data(
-            TensorData::new(values, [rows, cols]),
-            device,
-        ))))
+        let nf4 = Nf4Weight::quantize(&values, rows, cols, device);
+        return Ok((BaseWeight::Nf4(nf4), None));
     }
+    let copy = B::READS_BLOCKS
+        .then(|| BlockWeight::recover(&values, rows, cols, device))
+        .flatten();
+    let dense = frozen(Tensor::from_data(
+        TensorData::new(values, [rows, cols]),
+        device,
+    ));
+    Ok((BaseWeight::Dense(dense), copy))
 }
 
 fn load_nf4<B: Backend>(

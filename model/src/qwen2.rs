@@ -18,7 +18,7 @@ use crate::cache::KvCache;
 use crate::config::Qwen2Config;
 use crate::error::{ModelError, Result};
 use crate::inputs::{RotaryEmbedding, Segment, SharedPacking, StepInput};
-use crate::linear::{BaseWeight, Linear, frozen};
+use crate::linear::{BaseWeight, BlockWeight, Linear, frozen};
 
 /// Token embeddings `[vocab, hidden]`, held as consecutive row blocks.
 ///
@@ -31,6 +31,9 @@ pub struct Embedding<B: Backend> {
     /// The row blocks, in vocabulary order ([`frozen`] unless fully fine-tuned): f32, or bf16
     /// on backends that keep it ([`ModelBackend::KEEPS_BF16`]) when the checkpoint stores it so.
     pub blocks: Vec<Param<Tensor<B, 2>>>,
+    /// An exact block copy of a one-block table that is also the output head, for decoding
+    /// ([`crate::blocks`]).
+    pub block_copy: Option<BlockWeight<B>>,
 }
 
 impl<B: Backend> Embedding<B> {
@@ -38,6 +41,7 @@ impl<B: Backend> Embedding<B> {
     pub fn new(weight: Tensor<B, 2>) -> Self {
         Self {
             blocks: vec![frozen(weight)],
+            block_copy: None,
         }
     }
 
@@ -66,7 +70,10 @@ impl<B: Backend> Embedding<B> {
                 ))
             })
             .collect();
-        Self { blocks }
+        Self {
+            blocks,
+            block_copy: None,
+        }
     }
 
     /// Vocabulary size (rows over all blocks).
@@ -333,11 +340,25 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
         let prim = |t: &Param<Tensor<B, 2>>| t.val().into_primitive().tensor();
         match &self.lm_head {
             None => match self.model.embed_tokens.blocks.as_slice() {
-                [one] => Head::Dense(prim(one)),
+                [one] => match &self.model.embed_tokens.block_copy {
+                    Some(copy) => Head::DenseBlocks {
+                        weight: prim(one),
+                        blocks: copy.words.clone().into_primitive(),
+                        format: copy.format,
+                    },
+                    None => Head::Dense(prim(one)),
+                },
                 blocks => Head::Blocks(blocks.iter().map(prim).collect()),
             },
             Some(head) => match &head.weight {
-                BaseWeight::Dense(w) => Head::Dense(prim(w)),
+                BaseWeight::Dense(w) => match &head.block_copy {
+                    Some(copy) => Head::DenseBlocks {
+                        weight: prim(w),
+                        blocks: copy.words.clone().into_primitive(),
+                        format: copy.format,
+                    },
+                    None => Head::Dense(prim(w)),
+                },
                 BaseWeight::Nf4(w) => Head::Nf4 {
                     codes: w.codes.clone().into_primitive(),
                     absmax: w.absmax.clone().into_primitive().tensor(),

@@ -2,7 +2,8 @@
 //! matches `transformers.AutoModelForCausalLM.from_pretrained(dir, gguf_file=…)` on chat prompts
 //! (logits within 1e-3, greedy tokens identical), and its rebuilt tokenizer gives
 //! `AutoTokenizer`'s ids and chat-template text (`fixtures/gguf/smollm2-*`, made by
-//! `generate_gguf.py --smollm2-gguf`).
+//! `generate_gguf.py --smollm2-gguf`). Its weights load with exact copies of the GGUF's Q4_1 /
+//! Q8_0 blocks, which decoding reads ([`fathom_model::blocks`]).
 //!
 //! The GGUF (93 MB) is not in the repository: it must be in the cache, where
 //! `cargo xtask fetch-base` puts it (`.ci/run` does this first). Without it these tests fail
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 
 use common::{check_tokenizer, fixture};
 use fathom_model::base::{SMOLLM2_135M_INSTRUCT, cached_gguf, default_cache_root};
+use fathom_model::blocks::BlockFormat;
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::gguf::convert_gguf;
 use fathom_model::{Cpu, GenerateConfig, LoadOptions, Qwen2ForCausalLM, generate};
@@ -55,6 +57,15 @@ fn smollm2_logits_greedy_tokens_and_tokenizer_match_transformers() {
     let (_tmp, dir) = converted();
     let device = Default::default();
     let model = Qwen2ForCausalLM::<Cpu>::load(&dir, &device, LoadOptions::default()).unwrap();
+    // The converted weights are the GGUF's blocks exactly: every projection keeps a Q4_1 copy
+    // and the tied head a Q8_0 one, which the decoding kernels read (the greedy continuations
+    // below go through them).
+    for (path, p) in model.projections() {
+        let format = p.block_copy.as_ref().map(|c| c.format);
+        assert_eq!(format, Some(BlockFormat::Q4_1), "{path}");
+    }
+    let head = model.model.embed_tokens.block_copy.as_ref();
+    assert_eq!(head.map(|c| c.format), Some(BlockFormat::Q8_0));
     let refs = fixture("gguf");
     let r = Checkpoint::open_files(&refs, &[refs.join("smollm2-reference.safetensors")]).unwrap();
     let vocab = model.config.vocab_size;

@@ -38,6 +38,16 @@ fn frozen_head<B: ModelBackend, C: CheckpointStrategy>(head: &Head<Ad<B, C>>) ->
     match head {
         Head::Dense(w) if !w.is_tracked() => Some(Head::Dense(w.primitive.clone())),
         Head::Dense(_) => None,
+        Head::DenseBlocks {
+            weight,
+            blocks,
+            format,
+        } if !weight.is_tracked() => Some(Head::DenseBlocks {
+            weight: weight.primitive.clone(),
+            blocks: blocks.clone(),
+            format: *format,
+        }),
+        Head::DenseBlocks { .. } => None,
         Head::Blocks(ws) if ws.iter().all(|w| !w.is_tracked()) => Some(Head::Blocks(
             ws.iter().map(|w| w.primitive.clone()).collect(),
         )),
@@ -167,6 +177,10 @@ impl<B: ModelBackend> Backward<B, 1> for TokenLogprobs {
 impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     const HOST: bool = B::HOST;
     const KEEPS_BF16: bool = B::KEEPS_BF16;
+
+    // The loader keeps block copies for the inner backend (the model used for generation is
+    // `valid()`'s); under autodiff the dense weight is multiplied as a tracked operation.
+    const READS_BLOCKS: bool = B::READS_BLOCKS;
 
     fn max_buffer_bytes(device: &Self::Device) -> Option<usize> {
         B::max_buffer_bytes(device)

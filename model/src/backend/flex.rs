@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use super::attention::{self, KvView, Sequence};
 use super::gemv::{self, Weight};
 use super::{Head, Heads, ModelBackend, SequenceKv, Span, logprobs, reference, vmath};
+use crate::blocks::BlockFormat;
 use crate::nf4::cpu;
 
 /// Input rows up to which dense (f32, bf16) projections use the row kernels of [`gemv`]
@@ -194,6 +195,36 @@ impl ModelBackend for Flex {
             _ => return reference::matmul_linear::<Self>(x, reference::widen::<Self>(w)),
         };
         flex_float(out, [m, rows])
+    }
+
+    const READS_BLOCKS: bool = true;
+
+    fn dense_linear_blocks(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        blocks: IntTensor<Self>,
+        format: BlockFormat,
+    ) -> FloatTensor<Self> {
+        let (m, rows) = (x.shape()[0], w.shape()[0]);
+        // Where the f32 weight would go through the row kernel, its copy does, with the same
+        // results (fewer bytes read); elsewhere `gemm` multiplies by the f32 weight.
+        if m > GEMV_MAX_ROWS || x.dtype() != DType::F32 || w.dtype() != DType::F32 {
+            return Self::dense_linear(x, w);
+        }
+        let cols = w.shape()[1];
+        let out = with_words(&blocks, |words| {
+            with_f32(&x, |xs| {
+                let weight = match format {
+                    BlockFormat::Q4_1 => Weight::Q4_1(words),
+                    BlockFormat::Q8_0 => Weight::Q8_0(words),
+                };
+                gemv::linear(xs, m, weight, rows, cols)
+            })
+        });
+        match out {
+            Some(out) => flex_float(out, [m, rows]),
+            None => Self::dense_linear(x, w),
+        }
     }
 
     fn dense_linear_transposed(g: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -1,6 +1,6 @@
 //! Projections of a few input rows (decoding) on the host with AVX-512 or AVX2: `y = x · Wᵀ`
-//! for `m` rows of `x` and an NF4, bf16 or f32 weight `W` `[rows, cols]`, reading the weight
-//! once and multiplying it by every input row as it is decoded. Decoding is bound by the bytes of
+//! for `m` rows of `x` and an NF4, bf16, f32 or block-copy weight `W` `[rows, cols]`, reading
+//! the weight once and multiplying it by every input row as it is decoded. Decoding is bound by the bytes of
 //! weight read per token, so this is where NF4 (0.56 bytes per weight) beats f32 (4 bytes). (For
 //! so few rows `gemm` would spend most of its time packing the weight into its own layout.)
 //!
@@ -15,6 +15,11 @@
 //! - **bf16**: two values are one 32-bit lane; the lanes shifted left by 16 are the even
 //!   elements as f32, the lanes with their low half cleared the odd ones (exact, no shuffles).
 //! - **f32**: read as they are.
+//! - **Q4_1 / Q8_0 block copies** of f32 weights ([`crate::blocks`]): each block's codes widen
+//!   to 32-bit lanes and become `q · d + m` (or `q · d`) in f32, the exact f32 values, in column
+//!   order; since each lane then accumulates the same products in the same order as the f32
+//!   kernel's, the results are the f32 kernel's to the bit, from a sixth (Q4_1) or a quarter
+//!   (Q8_0) of the bytes.
 //!
 //! Since NF4 and bf16 weights come out as even then odd elements, the input rows are rearranged
 //! once per call so that each group of 32 holds its 16 even elements, then its 16 odd ones (both
@@ -28,6 +33,7 @@
 
 use rayon::prelude::*;
 
+use crate::blocks::{self, BlockFormat};
 use crate::nf4::format::BLOCK;
 
 /// The most input rows the kernels take: up to this many, reading the weight once and
@@ -112,6 +118,12 @@ pub enum Weight<'a> {
     Bf16(&'a [u16]),
     /// f32 values, row-major. Needs `cols` to be a multiple of 16.
     F32(&'a [f32]),
+    /// An exact Q4_1 copy of an f32 weight, six words per 32 weights ([`crate::blocks`]).
+    /// Needs `cols` to be a multiple of 32. Decoded in the f32 kernel's column order, so the
+    /// results equal [`Weight::F32`]'s on the f32 values to the bit.
+    Q4_1(&'a [u32]),
+    /// An exact Q8_0 copy of an f32 weight, nine words per 32 weights; as [`Weight::Q4_1`].
+    Q8_0(&'a [u32]),
 }
 
 impl Weight<'_> {
@@ -121,6 +133,7 @@ impl Weight<'_> {
             Weight::Nf4 { .. } => cols.is_multiple_of(BLOCK),
             Weight::Bf16(_) => cols.is_multiple_of(32),
             Weight::F32(_) => cols.is_multiple_of(16),
+            Weight::Q4_1(_) | Weight::Q8_0(_) => cols.is_multiple_of(blocks::BLOCK),
         }
     }
 }
@@ -159,12 +172,22 @@ fn linear_with(
         }
         Weight::Bf16(w) => assert_eq!(w.len(), rows * cols, "weight has the wrong size"),
         Weight::F32(w) => assert_eq!(w.len(), rows * cols, "weight has the wrong size"),
+        Weight::Q4_1(w) => assert_eq!(
+            w.len(),
+            rows * cols / blocks::BLOCK * BlockFormat::Q4_1.words(),
+            "weight has the wrong size"
+        ),
+        Weight::Q8_0(w) => assert_eq!(
+            w.len(),
+            rows * cols / blocks::BLOCK * BlockFormat::Q8_0.words(),
+            "weight has the wrong size"
+        ),
     }
     // NF4 and bf16 weights decode to the even then the odd elements of every 32: rearrange
     // the inputs to match (once per call, `m × cols` values).
     let deinterleaved: Vec<f32>;
     let x = match weight {
-        Weight::F32(_) => x,
+        Weight::F32(_) | Weight::Q4_1(_) | Weight::Q8_0(_) => x,
         Weight::Nf4 { .. } | Weight::Bf16(_) => {
             deinterleaved = x
                 .chunks_exact(32)
@@ -342,6 +365,58 @@ mod avx512 {
                     accumulate(&w, c);
                 }
             }
+            Weight::Q4_1(w) => {
+                let per_row = cols / 32 * 6;
+                let nibble = _mm512_set1_epi32(0x0f);
+                for b in 0..cols / 32 {
+                    let at = |j: usize| (r + j) * per_row + b * 6;
+                    // SAFETY: block b of rows r .. r + R is six words inside the copy, whose
+                    // size the caller checked.
+                    let pairs: [(__m512, __m512); R] = std::array::from_fn(|j| {
+                        let block = unsafe { w.as_ptr().add(at(j)) };
+                        let (d, m) = unsafe {
+                            (
+                                _mm512_set1_ps(f32::from_bits(*block)),
+                                _mm512_set1_ps(f32::from_bits(*block.add(1))),
+                            )
+                        };
+                        let codes =
+                            unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(block.add(2).cast())) };
+                        let weights = |q: __m512i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m);
+                        (
+                            weights(_mm512_and_si512(codes, nibble)),
+                            weights(_mm512_srli_epi32::<4>(codes)),
+                        )
+                    });
+                    let lo: [__m512; R] = std::array::from_fn(|j| pairs[j].0);
+                    let hi: [__m512; R] = std::array::from_fn(|j| pairs[j].1);
+                    accumulate(&lo, b * 32);
+                    accumulate(&hi, b * 32 + 16);
+                }
+            }
+            Weight::Q8_0(w) => {
+                let per_row = cols / 32 * 9;
+                for b in 0..cols / 32 {
+                    let at = |j: usize| (r + j) * per_row + b * 9;
+                    // SAFETY: block b of rows r .. r + R is nine words inside the copy, whose
+                    // size the caller checked.
+                    let pairs: [(__m512, __m512); R] = std::array::from_fn(|j| {
+                        let block = unsafe { w.as_ptr().add(at(j)) };
+                        let d = unsafe { _mm512_set1_ps(f32::from_bits(*block)) };
+                        let weights = |k: usize| {
+                            let q = unsafe {
+                                _mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(1 + 4 * k).cast()))
+                            };
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
+                        };
+                        (weights(0), weights(1))
+                    });
+                    let lo: [__m512; R] = std::array::from_fn(|j| pairs[j].0);
+                    let hi: [__m512; R] = std::array::from_fn(|j| pairs[j].1);
+                    accumulate(&lo, b * 32);
+                    accumulate(&hi, b * 32 + 16);
+                }
+            }
             Weight::Bf16(w) => {
                 let wp = w.as_ptr();
                 let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
@@ -480,6 +555,58 @@ mod avx2 {
                     accumulate(&w, c);
                 }
             }
+            Weight::Q4_1(w) => {
+                let per_row = cols / 32 * 6;
+                let nibble = _mm256_set1_epi32(0x0f);
+                for b in 0..cols / 32 {
+                    let at = |j: usize| (r + j) * per_row + b * 6;
+                    // Eight weights at a time in column order: bytes 0..8 and 8..16 give
+                    // weights 0..8 and 8..16 in their low nibbles, 16..24 and 24..32 in their
+                    // high ones.
+                    for k in 0..4 {
+                        // SAFETY: block b of rows r .. r + R is six words inside the copy,
+                        // whose size the caller checked.
+                        let w: [__m256; R] = std::array::from_fn(|j| {
+                            let block = unsafe { w.as_ptr().add(at(j)) };
+                            let (d, m) = unsafe {
+                                (
+                                    _mm256_set1_ps(f32::from_bits(*block)),
+                                    _mm256_set1_ps(f32::from_bits(*block.add(1))),
+                                )
+                            };
+                            let bytes = unsafe { block.add(2 + 2 * (k % 2)) };
+                            let codes =
+                                unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(bytes.cast())) };
+                            let q = if k < 2 {
+                                _mm256_and_si256(codes, nibble)
+                            } else {
+                                _mm256_srli_epi32::<4>(codes)
+                            };
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m)
+                        });
+                        accumulate(&w, b * 32 + k * 8);
+                    }
+                }
+            }
+            Weight::Q8_0(w) => {
+                let per_row = cols / 32 * 9;
+                for b in 0..cols / 32 {
+                    let at = |j: usize| (r + j) * per_row + b * 9;
+                    for k in 0..4 {
+                        // SAFETY: block b of rows r .. r + R is nine words inside the copy,
+                        // whose size the caller checked.
+                        let w: [__m256; R] = std::array::from_fn(|j| {
+                            let block = unsafe { w.as_ptr().add(at(j)) };
+                            let d = unsafe { _mm256_set1_ps(f32::from_bits(*block)) };
+                            let q = unsafe {
+                                _mm256_cvtepi8_epi32(_mm_loadl_epi64(block.add(1 + 2 * k).cast()))
+                            };
+                            _mm256_mul_ps(_mm256_cvtepi32_ps(q), d)
+                        });
+                        accumulate(&w, b * 32 + k * 8);
+                    }
+                }
+            }
             Weight::Bf16(w) => {
                 let wp = w.as_ptr();
                 let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
@@ -579,6 +706,57 @@ mod tests {
         }
     }
 
+    /// A block copy of `rows × cols` weights with codes, scales and minimums drawn from a
+    /// simple generator, and its f32 values.
+    fn block_copy(format: BlockFormat, rows: usize, cols: usize) -> (Vec<u32>, Vec<f32>) {
+        let blocks = rows * cols / blocks::BLOCK;
+        let mut s = 0x9e37_79b9_u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        let mut words = Vec::with_capacity(blocks * format.words());
+        for b in 0..blocks {
+            let d = half::f16::from_f32((1 + b % 7) as f32 * 1e-3).to_f32();
+            words.push(d.to_bits());
+            if format == BlockFormat::Q4_1 {
+                let m = half::f16::from_f32(-((b % 5) as f32) * 4e-3).to_f32();
+                words.push(m.to_bits());
+            }
+            for _ in 1 + (format == BlockFormat::Q4_1) as usize..format.words() {
+                words.push(next());
+            }
+        }
+        let dense = blocks::dequantize(format, &words, rows, cols);
+        (words, dense)
+    }
+
+    #[test]
+    fn block_copies_give_the_f32_kernels_results_to_the_bit() {
+        let (rows, cols) = (21, 160);
+        for format in [BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            let (words, dense) = block_copy(format, rows, cols);
+            let copy = match format {
+                BlockFormat::Q4_1 => Weight::Q4_1(&words),
+                BlockFormat::Q8_0 => Weight::Q8_0(&words),
+            };
+            for isa in Isa::supported() {
+                for m in 1..=MAX_ROWS {
+                    let x: Vec<f32> = (0..m * cols)
+                        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+                        .collect();
+                    let want = linear_with(isa, &x, m, Weight::F32(&dense), rows, cols).unwrap();
+                    check(&want, &x, &dense, m, rows, cols);
+                    let got = linear_with(isa, &x, m, copy, rows, cols).unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{format:?} {isa:?} m={m}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn unsupported_shapes_are_declined() {
         let words = [0u32; 16];
@@ -595,6 +773,11 @@ mod tests {
         assert!(
             linear(&vec![0.0; 64 * (MAX_ROWS + 1)], MAX_ROWS + 1, nf4, 1, 64).is_none(),
             "too many rows"
+        );
+        let words = [0u32; 6];
+        assert!(
+            linear(&[0.0; 48], 1, Weight::Q4_1(&words), 1, 48).is_none(),
+            "cols not a multiple of 32"
         );
     }
 }

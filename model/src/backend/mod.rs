@@ -25,6 +25,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
 
+use crate::blocks::BlockFormat;
+
 /// How queries, keys and values are laid out in a packed attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Heads {
@@ -66,6 +68,16 @@ pub type SequenceKv<B> = (FloatTensor<B>, FloatTensor<B>);
 pub enum Head<B: Backend> {
     /// A dense weight (f32, or bf16 on backends that keep it).
     Dense(FloatTensor<B>),
+    /// A dense weight with its exact copy in 32-weight blocks ([`crate::blocks`]), which
+    /// [`ModelBackend::dense_linear_blocks`] may read instead.
+    DenseBlocks {
+        /// The dense weight.
+        weight: FloatTensor<B>,
+        /// The copy's `u32` words.
+        blocks: IntTensor<B>,
+        /// The copy's format.
+        format: BlockFormat,
+    },
     /// A dense weight held as consecutive row blocks (vocabulary ranges, in order), for
     /// backends that bound the size of one buffer ([`ModelBackend::max_buffer_bytes`]).
     Blocks(Vec<FloatTensor<B>>),
@@ -88,7 +100,7 @@ impl<B: ModelBackend> Head<B> {
     /// The vocabulary size (output rows).
     pub fn rows(&self) -> usize {
         match self {
-            Head::Dense(w) => w.shape()[0],
+            Head::Dense(w) | Head::DenseBlocks { weight: w, .. } => w.shape()[0],
             Head::Blocks(ws) => ws.iter().map(|w| w.shape()[0]).sum(),
             Head::Nf4 { rows, .. } => *rows,
         }
@@ -98,6 +110,11 @@ impl<B: ModelBackend> Head<B> {
     pub fn forward(&self, x: FloatTensor<B>) -> FloatTensor<B> {
         match self {
             Head::Dense(w) => B::dense_linear(x, w.clone()),
+            Head::DenseBlocks {
+                weight,
+                blocks,
+                format,
+            } => B::dense_linear_blocks(x, weight.clone(), blocks.clone(), *format),
             Head::Blocks(ws) => B::float_cat(
                 ws.iter()
                     .map(|w| B::dense_linear(x.clone(), w.clone()))
@@ -124,7 +141,9 @@ impl<B: ModelBackend> Head<B> {
     /// `g · W` for `g` `[m, vocab]`; returns `[m, hidden]`.
     pub fn backward(&self, g: FloatTensor<B>) -> FloatTensor<B> {
         match self {
-            Head::Dense(w) => B::dense_linear_transposed(g, w.clone()),
+            Head::Dense(w) | Head::DenseBlocks { weight: w, .. } => {
+                B::dense_linear_transposed(g, w.clone())
+            }
             Head::Blocks(ws) => {
                 let g = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(g));
                 let m = g.dims()[0];
@@ -209,6 +228,24 @@ pub trait ModelBackend: Backend {
     /// weight; a bf16 weight is widened first.
     fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         reference::matmul_linear::<Self>(x, reference::widen::<Self>(w))
+    }
+
+    /// Whether [`ModelBackend::dense_linear_blocks`] reads a dense weight's block copy (the
+    /// loader then keeps one beside each dense weight it recovers one for, [`crate::blocks`]).
+    const READS_BLOCKS: bool = false;
+
+    /// `x · Wᵀ` for `x` `[m, cols]` and a dense weight `W` `[rows, cols]` whose exact copy in
+    /// 32-weight blocks is `blocks` ([`crate::blocks`]); returns `[m, rows]`, equal to
+    /// [`ModelBackend::dense_linear`]'s. A backend that reads the smaller copy faster where
+    /// the weight's bytes bound the time (decoding) overrides it; the default multiplies by `W`.
+    fn dense_linear_blocks(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        blocks: IntTensor<Self>,
+        format: BlockFormat,
+    ) -> FloatTensor<Self> {
+        let _ = (blocks, format);
+        Self::dense_linear(x, w)
     }
 
     /// `g · W` for `g` `[m, rows]` and a dense weight `W` `[rows, cols]`; returns `[m, cols]`
