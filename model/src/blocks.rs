@@ -43,11 +43,6 @@ impl BlockFormat {
             BlockFormat::Q8_0 => 9,
         }
     }
-
-    /// Bytes per weight of the copy.
-    pub fn bytes_per_weight(self) -> f64 {
-        (self.words() * 4) as f64 / BLOCK as f64
-    }
 }
 
 /// Recovers an exact block copy of the row-major `[rows, cols]` weight `values`: Q4_1 if every
@@ -180,19 +175,19 @@ pub fn dequantize(format: BlockFormat, words: &[u32], rows: usize, cols: usize) 
         .zip(words.chunks_exact(format.words()))
     {
         let d = f32::from_bits(w[0]);
+        // Byte k of the codes, which start at word `at`.
+        let byte = |at: usize, k: usize| (w[at + k / 4] >> (8 * (k % 4))) as u8;
         match format {
             BlockFormat::Q4_1 => {
                 let m = f32::from_bits(w[1]);
-                let bytes: Vec<u8> = w[2..].iter().flat_map(|x| x.to_le_bytes()).collect();
                 for j in 0..16 {
-                    y[j] = (bytes[j] & 0x0F) as f32 * d + m;
-                    y[j + 16] = (bytes[j] >> 4) as f32 * d + m;
+                    y[j] = (byte(2, j) & 0x0F) as f32 * d + m;
+                    y[j + 16] = (byte(2, j) >> 4) as f32 * d + m;
                 }
             }
             BlockFormat::Q8_0 => {
-                let bytes = w[1..].iter().flat_map(|x| x.to_le_bytes());
-                for (v, q) in y.iter_mut().zip(bytes) {
-                    *v = q as i8 as f32 * d;
+                for (k, v) in y.iter_mut().enumerate() {
+                    *v = byte(1, k) as i8 as f32 * d;
                 }
             }
         }

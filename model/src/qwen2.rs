@@ -11,6 +11,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{DType, Int, Tensor, TensorPrimitive};
 
 use crate::backend::{Head, Heads, ModelBackend, SequenceKv};
@@ -317,6 +318,18 @@ pub struct Qwen2ForCausalLM<B: Backend> {
 /// do not choose: `[256, vocab]` f32 is 155 MB at Qwen2's 151,936-entry vocabulary.
 pub const DEFAULT_LOGPROB_CHUNK: usize = 256;
 
+/// A dense output head, with its block copy when it has one.
+fn dense_head<B: ModelBackend>(weight: FloatTensor<B>, copy: &Option<BlockWeight<B>>) -> Head<B> {
+    match copy {
+        Some(copy) => Head::DenseBlocks {
+            weight,
+            blocks: copy.words.clone().into_primitive(),
+            format: copy.format,
+        },
+        None => Head::Dense(weight),
+    }
+}
+
 impl<B: ModelBackend> Qwen2ForCausalLM<B> {
     /// Runs the decoder on a packed step and returns the final hidden states (after the last
     /// norm). With a cache, each segment is appended to its row.
@@ -340,25 +353,11 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
         let prim = |t: &Param<Tensor<B, 2>>| t.val().into_primitive().tensor();
         match &self.lm_head {
             None => match self.model.embed_tokens.blocks.as_slice() {
-                [one] => match &self.model.embed_tokens.block_copy {
-                    Some(copy) => Head::DenseBlocks {
-                        weight: prim(one),
-                        blocks: copy.words.clone().into_primitive(),
-                        format: copy.format,
-                    },
-                    None => Head::Dense(prim(one)),
-                },
+                [one] => dense_head(prim(one), &self.model.embed_tokens.block_copy),
                 blocks => Head::Blocks(blocks.iter().map(prim).collect()),
             },
             Some(head) => match &head.weight {
-                BaseWeight::Dense(w) => match &head.block_copy {
-                    Some(copy) => Head::DenseBlocks {
-                        weight: prim(w),
-                        blocks: copy.words.clone().into_primitive(),
-                        format: copy.format,
-                    },
-                    None => Head::Dense(prim(w)),
-                },
+                BaseWeight::Dense(w) => dense_head(prim(w), &head.block_copy),
                 BaseWeight::Nf4(w) => Head::Nf4 {
                     codes: w.codes.clone().into_primitive(),
                     absmax: w.absmax.clone().into_primitive().tensor(),
@@ -482,6 +481,19 @@ impl<B: ModelBackend> Qwen2ForCausalLM<B> {
 }
 
 impl<B: Backend> Qwen2ForCausalLM<B> {
+    /// Drops every block copy ([`crate::blocks`]): the projections', the head's and the
+    /// embedding's. The model then multiplies by its dense weights alone, as it must once
+    /// they can change.
+    pub fn drop_block_copies(&mut self) {
+        for (_, p) in self.layer_projections_mut() {
+            p.block_copy = None;
+        }
+        if let Some(head) = &mut self.lm_head {
+            head.block_copy = None;
+        }
+        self.model.embed_tokens.block_copy = None;
+    }
+
     /// Every projection with its Hugging Face module path (`model.layers.3.mlp.up_proj`),
     /// in layer order; `lm_head` last when untied.
     pub fn projections(&self) -> Vec<(String, &Linear<B>)> {

@@ -238,13 +238,7 @@ impl<B: AutodiffBackend + ModelBackend> Qwen2ForCausalLM<B> {
             }
         }
         // Trained weights would leave their block copies behind.
-        for (_, p) in self.layer_projections_mut() {
-            p.block_copy = None;
-        }
-        if let Some(head) = &mut self.lm_head {
-            head.block_copy = None;
-        }
-        self.model.embed_tokens.block_copy = None;
+        self.drop_block_copies();
         for block in &mut self.model.embed_tokens.blocks {
             if block.val().dtype() != DType::F32 {
                 *block = crate::linear::frozen(block.val().cast(DType::F32));

@@ -73,13 +73,7 @@ fn exact_model(tied: bool) -> (Qwen2ForCausalLM<Cpu>, tempfile::TempDir) {
 /// The model with every block copy dropped: it multiplies by the dense weights.
 fn without_copies(model: &Qwen2ForCausalLM<Cpu>) -> Qwen2ForCausalLM<Cpu> {
     let mut plain = model.clone();
-    for (_, p) in plain.layer_projections_mut() {
-        p.block_copy = None;
-    }
-    if let Some(head) = &mut plain.lm_head {
-        head.block_copy = None;
-    }
-    plain.model.embed_tokens.block_copy = None;
+    plain.drop_block_copies();
     plain
 }
 
