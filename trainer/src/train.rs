@@ -922,17 +922,19 @@ pub fn learn<B: ModelBackend>(
             (part, rows, reference)
         })
         .collect();
-    // Every position's log-probability is computed, not only the sampled tokens' (as SFT
-    // does): the loss reads only the sampled ones, but skipping the others changes rounding,
-    // and the tiny recipe's single-seed GRPO check (tests/learning.rs) is chaotic in it.
+    // Only the sampled tokens' log-probabilities are computed (as SFT does for its targets):
+    // the loss reads no others, and the output head runs on those positions alone, not on the
+    // prompt's and the observations'.
+    let scored: Vec<&[bool]> = samples.iter().map(|s| s.sampled.as_slice()).collect();
     for _ in 0..g.optimizer_steps_per_batch {
         let mut loss = 0f64;
         let mut stats = Vec::with_capacity(parts.len());
         let mut grads: Option<GradientsParams> = None;
         for (part, rows, reference) in &parts {
-            let out = fathom_model::forward_backward(
+            let out = fathom_model::forward_backward_scored(
                 &model,
                 &seqs[part.clone()],
+                &scored[part.clone()],
                 pass(&g.learner, temperature),
                 device,
                 |lp: &SequenceLogprobs<Ad<B>>| {
