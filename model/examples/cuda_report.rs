@@ -6,7 +6,7 @@
 //! without checkpointing: step time and the device memory the allocator reserved). Prints one
 //! JSON line per check; exits non-zero if a parity check fails.
 //!
-//! `cargo run --release -p fathom-model --features cuda --example cuda_report -- FIXTURES_DIR [OUT_DIR]`
+//! `cargo run --release -p fathom-model --features cuda,bench --example cuda_report -- FIXTURES_DIR [OUT_DIR] [SECTIONS]`
 //! (OUT_DIR receives a random Qwen2.5-0.5B-shape checkpoint for a peer to load; SECTIONS, a
 //! comma-separated subset of `kernel,parity,matmul,forward,throughput,train` in the order to run
 //! them, defaults to all six in that order).
@@ -151,7 +151,6 @@ fn main() -> R {
 /// The CubeCL NF4 kernel against the CPU path, bit for bit.
 fn kernel() -> bool {
     let mut ok = true;
-
     for (rows, cols) in [(64, 64), (96, 160), (7, 9), (8960, 1536)] {
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| (((i * 2654435761) % 10007) as f32 / 10007.0 - 0.5) * 0.1)
