@@ -5,16 +5,22 @@
 # memory); then the PyTorch/transformers peers on the same shapes and checkpoint.
 # Usage on the device machine: OUT=dir bash scripts/gpu_check.sh (at most 9 min: 420 + 45 + 90 s)
 # SECTIONS (default all: kernel,parity,matmul,forward,throughput,train) picks and orders the
-# report's sections; REPORT_TIMEOUT (default 420 s) bounds it.
+# report's sections; REPORT_TIMEOUT (default 420 s) bounds it; PEERS=0 skips the peers.
 # CubeCL autotunes every matmul shape by compiling and timing candidate kernels; at its default
 # level the `matmul` section alone outran 400 s on an H200 (2026-12-04), so the check runs at
-# the minimal level unless CUBECL_AUTOTUNE_LEVEL says otherwise.
+# the minimal level unless CUBECL_AUTOTUNE_LEVEL says otherwise. It keeps the kernels it compiles
+# and its autotune results in /tmp/cubecl-cache (FATHOM_CUBECL_CACHE), returned as
+# $OUT/cubecl-cache.tar.gz: copied to .gpu/ here, the next lease starts from it and skips that work.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 SECTIONS=${SECTIONS:-kernel,parity,matmul,forward,throughput,train}
 REPORT_TIMEOUT=${REPORT_TIMEOUT:-420}
 export CUBECL_AUTOTUNE_LEVEL=${CUBECL_AUTOTUNE_LEVEL:-minimal}
-mkdir -p "$OUT"
+export FATHOM_CUBECL_CACHE=/tmp/cubecl-cache
+mkdir -p "$OUT" "$FATHOM_CUBECL_CACHE"
+if [ -f .gpu/cubecl-cache.tar.gz ]; then
+  tar xzf .gpu/cubecl-cache.tar.gz -C /tmp && echo "cubecl cache carried: $(du -sh "$FATHOM_CUBECL_CACHE" | cut -f1)"
+fi
 nvidia-smi -L
 # cudarc loads libcuda and libnvrtc at run time: the toolkit's and PyTorch's wheels hold them.
 NV=$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p) if os.path.isdir(os.path.join(p, d, "lib"))))' 2>/dev/null)
@@ -27,12 +33,17 @@ echo "== cuda_report"
 # decode at batch 1 and 8, peak RSS), measured there on the CPU and on wgpu.
 # Device memory of the whole process, sampled every 100 ms while the report runs (its last
 # section is the QLoRA training step; the report itself prints what the allocator reserved).
-nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/gpu_memory.csv" &
+# The GPU's load, and the cache's growth every 5 s (kernels compiled), show where a warm-up goes.
+nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader,nounits -lms 100 > "$OUT/gpu_memory.csv" &
 SMI=$!
+(while sleep 5; do echo "$(date +%T) $(find "$FATHOM_CUBECL_CACHE" -type f | wc -l) files $(du -sk "$FATHOM_CUBECL_CACHE" | cut -f1) KiB"; done) > "$OUT/cache_growth.txt" &
+GROWTH=$!
 timeout "$REPORT_TIMEOUT" .gpu/cuda_report fixtures /tmp/q05 "$SECTIONS" 2>&1 | tee "$OUT/cuda_report.jsonl"
 echo "rc=${PIPESTATUS[0]}"
-kill "$SMI" 2>/dev/null
+kill "$SMI" "$GROWTH" 2>/dev/null
 echo "peak device memory (MiB, whole process): $(cut -d, -f2 "$OUT/gpu_memory.csv" | sort -n | tail -1)"
+tar czf "$OUT/cubecl-cache.tar.gz" -C /tmp cubecl-cache && ls -l "$OUT/cubecl-cache.tar.gz"
+if [ "${PEERS:-1}" = 0 ]; then exit 0; fi
 echo "== peer: torch matmul"
 timeout 45 python3 scripts/peer_matmul.py 2>&1 | tee "$OUT/peer_matmul.json"
 echo "== peer: transformers 0.5B"

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 
 use fathom_model::bench::{
-    Protocol, TrainStepBench, forward_pass, nf4_matmul, throughput, train_step,
+    Protocol, TrainStepBench, forward_pass, nf4_matmul, throughput, train_step_model, train_steps,
 };
 use fathom_model::checkpoint::Checkpoint;
 use fathom_model::linear::Nf4Weight;
@@ -106,6 +106,7 @@ fn parity(
 }
 
 fn main() -> R {
+    keep_cubecl_caches();
     let mut args = std::env::args().skip(1);
     let fixtures = PathBuf::from(
         args.next()
@@ -149,6 +150,25 @@ fn main() -> R {
 }
 
 /// The CubeCL NF4 kernel against the CPU path, bit for bit.
+/// With `FATHOM_CUBECL_CACHE=DIR`, CubeCL keeps the kernels it compiles (PTX) and the autotune
+/// results in DIR, and logs its autotune choices to `DIR/autotune.log`: a later run given the same
+/// DIR (a later lease that carries it) skips that compiling and timing. Without it CubeCL keeps its
+/// defaults (autotune results under `target/`, no kernel cache).
+fn keep_cubecl_caches() {
+    use cubecl::config::autotune::AutotuneLogLevel;
+    use cubecl::config::cache::CacheConfig;
+    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let Some(dir) = std::env::var_os("FATHOM_CUBECL_CACHE").map(PathBuf::from) else {
+        return;
+    };
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+    config.compilation.cache = Some(CacheConfig::File(dir.clone()));
+    config.autotune.cache = CacheConfig::File(dir.clone());
+    config.autotune.logger.file = Some(dir.join("autotune.log"));
+    config.autotune.logger.level = AutotuneLogLevel::Minimal;
+    CubeClRuntimeConfig::set(config);
+}
+
 fn kernel() -> bool {
     let mut ok = true;
     for (rows, cols) in [(64, 64), (96, 160), (7, 9), (8960, 1536)] {
@@ -271,14 +291,23 @@ fn throughputs(out_dir: Option<&Path>) -> R {
 }
 
 /// One QLoRA training step, as `cargo xtask bench train-step --shape qwen1-5b --nf4
-/// --tokens 1024 [--checkpointing]` runs it on the CPU. The allocator keeps the pages it
-/// reserved, so what it holds after the steps bounds the step's peak from above (the script also
-/// samples `nvidia-smi` for the whole process).
+/// --tokens 1024 [--checkpointing]` runs it on the CPU, on one model built once (building the
+/// random 1.5B on the host takes about a minute). The allocator keeps the pages it reserved, so
+/// what it holds after the steps bounds the step's peak from above; it is asked to release its
+/// free pages before each variant (the script also samples `nvidia-smi` for the whole process). Each step's time goes to stderr as it ends: the warm-up
+/// step is where CubeCL compiles and autotunes the kernels.
 fn train() -> R {
     use cubecl::Runtime;
     let device = Default::default();
     let client = cubecl::cuda::CudaRuntime::client(&device);
+    let t0 = std::time::Instant::now();
+    let mut model = train_step_model::<Cuda>(Qwen2Config::qwen2_5_1_5b(), true, &device);
+    let build_s = t0.elapsed().as_secs_f64();
+    eprintln!("train: model built in {build_s:.1} s");
     for checkpointing in [false, true] {
+        // Hand back the pages the previous variant reserved, so that what the allocator holds
+        // after this one's steps is this variant's own.
+        client.memory_cleanup();
         let bench = TrainStepBench {
             tokens: 1024,
             nf4: true,
@@ -286,7 +315,15 @@ fn train() -> R {
             steps: 2,
             chunk: fathom_model::qwen2::DEFAULT_LOGPROB_CHUNK,
         };
-        let mut f = train_step::<Cuda>(Qwen2Config::qwen2_5_1_5b(), &bench, &device)?;
+        let (trained, mut f) = train_steps(model, &bench, &device, |step, s| {
+            eprintln!(
+                "train: checkpointing {checkpointing}, step {step} (0 = warm-up): {s:.2} s \
+                 ({:.0} s into the section)",
+                t0.elapsed().as_secs_f64()
+            );
+        })?;
+        model = trained;
+        f["build_s"] = build_s.into();
         if let Ok(usage) = client.memory_usage() {
             f["device_bytes_in_use"] = usage.bytes_in_use.into();
             f["device_bytes_reserved"] = usage.bytes_reserved.into();

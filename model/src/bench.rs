@@ -196,31 +196,61 @@ pub struct TrainStepBench {
     pub chunk: usize,
 }
 
+/// The model [`train_step`] trains, under autodiff: a random model of `config` (NF4 base if
+/// `nf4`), LoRA r = 16, α = 32 on all seven projections.
+pub type TrainStepModel<B> = Qwen2ForCausalLM<burn::backend::Autodiff<B>>;
+
 /// One LoRA training step as the peer `peft_qlora_step.py` runs it: a random model of `config`
 /// (NF4 base if asked), LoRA r = 16, α = 32 on all seven projections, one sequence of random
 /// token ids, the mean next-token cross-entropy, backward, and an AdamW update of the adapter.
-/// Reports the median step time of `steps` steps after one warm-up, and peak RSS.
+/// Reports the median step time of `steps` steps after one warm-up, the warm-up's time, the
+/// time to build the model, and peak RSS.
 pub fn train_step<B: ModelBackend>(
     config: Qwen2Config,
     bench: &TrainStepBench,
     device: &B::Device,
 ) -> Result<Value> {
-    use burn::backend::Autodiff;
-    use burn::optim::{AdamWConfig, Optimizer};
-
-    type Ad<B> = Autodiff<B>;
-    if bench.tokens < 2 || bench.steps == 0 {
-        return Err(ModelError::Input(
-            "need at least two tokens and one step".into(),
-        ));
-    }
+    check_train_step(bench)?;
     let t0 = Instant::now();
-    let settings = crate::LoraSettings::reference();
-    let mut model = Qwen2ForCausalLM::<Ad<B>>::random(config.clone(), 0, bench.nf4, device)
-        .attach_lora(&settings, &mut crate::lora::init_rng(1), device);
+    let model = train_step_model::<B>(config, bench.nf4, device);
     let build_s = t0.elapsed().as_secs_f64();
     let rss_built = peak_rss_mb();
-    let mut optim = AdamWConfig::new().init::<Ad<B>, Qwen2ForCausalLM<Ad<B>>>();
+    let (_, mut out) = train_steps(model, bench, device, |_, _| {})?;
+    out["build_s"] = build_s.into();
+    out["rss_after_build_mb"] = rss_built.into();
+    Ok(out)
+}
+
+/// [`train_step`]'s model, built once so that several settings can be timed on it
+/// ([`train_steps`]).
+pub fn train_step_model<B: ModelBackend>(
+    config: Qwen2Config,
+    nf4: bool,
+    device: &B::Device,
+) -> TrainStepModel<B> {
+    let settings = crate::LoraSettings::reference();
+    Qwen2ForCausalLM::random(config, 0, nf4, device).attach_lora(
+        &settings,
+        &mut crate::lora::init_rng(1),
+        device,
+    )
+}
+
+/// [`train_step`]'s steps on a model built by [`train_step_model`] (`bench.nf4` is not read),
+/// with a fresh AdamW state: one warm-up step, then `bench.steps` timed ones. `progress` hears
+/// each step's index (0 is the warm-up) and time as it ends. Returns the trained model with the
+/// figures.
+pub fn train_steps<B: ModelBackend>(
+    mut model: TrainStepModel<B>,
+    bench: &TrainStepBench,
+    device: &B::Device,
+    mut progress: impl FnMut(usize, f64),
+) -> Result<(TrainStepModel<B>, Value)> {
+    use burn::optim::{AdamWConfig, Optimizer};
+
+    check_train_step(bench)?;
+    let config = model.config.clone();
+    let mut optim = AdamWConfig::new().init::<burn::backend::Autodiff<B>, TrainStepModel<B>>();
     let pass = crate::TrainPass {
         checkpointing: bench.checkpointing,
         chunk: bench.chunk,
@@ -228,6 +258,7 @@ pub fn train_step<B: ModelBackend>(
         share_prefix: 0,
     };
     let mut times = Vec::new();
+    let mut warmup_s = 0.0;
     for salt in 0..=bench.steps {
         let seq = &ids(1, bench.tokens, config.vocab_size, salt)[0];
         let t = Instant::now();
@@ -243,18 +274,32 @@ pub fn train_step<B: ModelBackend>(
             .as_ref()
             .expect("adapter");
         let _ = read_scalar(lora.lora_b.val().inner().sum());
-        if salt > 0 {
-            times.push(t.elapsed().as_secs_f64());
+        let elapsed = t.elapsed().as_secs_f64();
+        progress(salt, elapsed);
+        if salt == 0 {
+            warmup_s = elapsed;
+        } else {
+            times.push(elapsed);
         }
     }
-    Ok(json!({
-        "system": "fathom", "tokens": bench.tokens, "nf4": bench.nf4,
+    let figures = json!({
+        "system": "fathom", "tokens": bench.tokens, "nf4": model.model.layers[0].self_attn.q_proj.is_nf4(),
         "checkpointing": bench.checkpointing, "chunk": bench.chunk,
         "params": model.num_weights(),
         "lora_params": model.num_trainable(),
-        "step_s": median(times.clone()), "steps_s": times,
-        "build_s": build_s, "rss_after_build_mb": rss_built, "peak_rss_mb": peak_rss_mb(),
-    }))
+        "step_s": median(times.clone()), "steps_s": times, "warmup_s": warmup_s,
+        "peak_rss_mb": peak_rss_mb(),
+    });
+    Ok((model, figures))
+}
+
+fn check_train_step(bench: &TrainStepBench) -> Result<()> {
+    if bench.tokens < 2 || bench.steps == 0 {
+        return Err(ModelError::Input(
+            "need at least two tokens and one step".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Qwen2.5-1.5B's projection shapes: name, output features, input features.
