@@ -437,3 +437,45 @@ pub fn nf4_cpu_kernels(rows: &[usize], iters: usize) -> Value {
     }
     json!({ "results": results })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Cpu;
+
+    #[test]
+    fn train_steps_reports_every_step_and_trains_the_adapter() {
+        let device = Default::default();
+        let config = Qwen2Config::with_shape(512, 64, 128, 2, 4, 2);
+        let model = train_step_model::<Cpu>(config, true, &device);
+        let lora_b = |m: &TrainStepModel<Cpu>| {
+            let lora = m.model.layers[0].self_attn.q_proj.lora.as_ref().unwrap();
+            lora.lora_b
+                .val()
+                .inner()
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap()
+        };
+        let before = lora_b(&model);
+        let bench = TrainStepBench {
+            tokens: 12,
+            nf4: true,
+            checkpointing: true,
+            steps: 2,
+            chunk: 5,
+        };
+        let mut heard = Vec::new();
+        let (model, figures) =
+            train_steps(model, &bench, &device, |step, s| heard.push((step, s))).unwrap();
+        assert_eq!(heard.iter().map(|h| h.0).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(figures["warmup_s"].as_f64(), Some(heard[0].1));
+        assert_eq!(figures["steps_s"].as_array().unwrap().len(), 2);
+        assert_eq!(figures["nf4"], true);
+        // LoRA's B starts at zero; three AdamW steps move it.
+        assert!(before.iter().all(|&v| v == 0.0));
+        assert!(lora_b(&model).iter().any(|&v| v != 0.0));
+        let none = TrainStepBench { steps: 0, ..bench };
+        assert!(train_steps(model, &none, &device, |_, _| {}).is_err());
+    }
+}
