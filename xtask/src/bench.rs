@@ -197,6 +197,16 @@ pub fn make_model(args: MakeModelArgs) -> Result<()> {
 
 /// Runs the command.
 pub fn run(command: BenchCommand) -> Result<()> {
+    let backend = match &command {
+        BenchCommand::Model(args) => Some(args.model.backend),
+        BenchCommand::Forward(args) => Some(args.backend),
+        BenchCommand::TrainStep(args) => Some(args.backend),
+        BenchCommand::Nf4(args) => Some(args.backend),
+        BenchCommand::GrpoStep(_) => None,
+    };
+    if let Some(kind) = backend {
+        crate::infer::device::check(kind)?;
+    }
     match command {
         BenchCommand::Model(args) => {
             crate::with_backend!(args.model.backend, |B, device| model_bench::<B>(

@@ -49,6 +49,8 @@ pub struct EvalArgs {
 /// Runs `eval`.
 pub fn run(args: EvalArgs) -> Result<()> {
     let plan = load_plan(args.recipe.as_deref())?;
+    crate::infer::device::check_recipe(plan.device.backend)
+        .with_context(|| format!("{}: device.backend", plan.origin))?;
     match plan.device.backend {
         Backend::Cpu => run_on::<fathom_model::Cpu>(&args, &plan, &Default::default()),
         #[cfg(feature = "wgpu")]

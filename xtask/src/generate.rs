@@ -67,6 +67,7 @@ struct Output {
 
 /// Runs the command.
 pub fn run(args: GenerateArgs) -> Result<()> {
+    crate::infer::device::check(args.model.backend)?;
     crate::with_backend!(args.model.backend, |B, device| run_on::<B>(&args, &device))
 }
 

@@ -73,6 +73,7 @@ impl IdsFile {
 
 /// Runs the command.
 pub fn run(args: LogitsArgs) -> Result<()> {
+    crate::infer::device::check(args.model.backend)?;
     crate::with_backend!(args.model.backend, |B, device| run_on::<B>(&args, &device))
 }
 

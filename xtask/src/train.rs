@@ -186,6 +186,8 @@ fn write_seeds(root: &Path, plan: &Plan, summary: &SeedSummary) -> Result<()> {
 
 /// Runs a plan on the backend it names.
 pub fn dispatch(plan: &Plan, opts: &RunOptions) -> Result<RunSummary> {
+    crate::infer::device::check_recipe(plan.device.backend)
+        .with_context(|| format!("{}: device.backend", plan.origin))?;
     let summary = match plan.device.backend {
         Backend::Cpu => run::<fathom_model::Cpu>(plan, opts, &Default::default())?,
         #[cfg(feature = "wgpu")]

@@ -105,3 +105,33 @@ fn model_bench_reports_prefill_and_decoding_of_a_checkpoint() {
     assert_eq!(v["prefill_len"], 16, "{v}");
     assert_eq!(v["prefill_s"].as_array().map(Vec::len), Some(2), "{v}");
 }
+
+/// `--backend cuda` on a machine without a CUDA driver or device (CI's) is an error that says
+/// so, not the runtime's panic (exit code 101); where CUDA starts, the step runs.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_a_device_is_a_clear_error() {
+    let out = xtask(&[
+        "bench",
+        "train-step",
+        "--shape",
+        "small",
+        "--tokens",
+        "16",
+        "--steps",
+        "1",
+        "--backend",
+        "cuda",
+    ]);
+    if out.status.success() {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("\"backend\":\"cuda\""), "{}", text(&out));
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(
+            text(&out).contains("the CUDA runtime could not start"),
+            "{}",
+            text(&out)
+        );
+    }
+}

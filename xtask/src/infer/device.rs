@@ -23,6 +23,19 @@ pub fn check(kind: BackendKind) -> Result<String> {
     }
 }
 
+/// As [`check`], for a recipe's device (`train`, `eval`): a GPU backend that cannot start is an
+/// error before anything is loaded. A backend not compiled in passes; the caller names it.
+pub fn check_recipe(backend: fathom_trainer::recipe::Backend) -> Result<()> {
+    use fathom_trainer::recipe::Backend;
+    match backend {
+        #[cfg(feature = "wgpu")]
+        Backend::Wgpu => check(BackendKind::Wgpu).map(drop),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => check(BackendKind::Cuda).map(drop),
+        _ => Ok(()),
+    }
+}
+
 /// The adapter burn's wgpu runtime will pick, or an error saying there is none.
 #[cfg(feature = "wgpu")]
 fn wgpu_adapter() -> Result<String> {
