@@ -17,6 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
+use fathom_model::backend::kernel_cache::keep_kernel_caches;
 use fathom_model::bench::{
     Protocol, TrainStepBench, forward_pass, nf4_matmul, throughput, train_step_model, train_steps,
 };
@@ -151,22 +152,13 @@ fn main() -> R {
 
 /// The CubeCL NF4 kernel against the CPU path, bit for bit.
 /// With `FATHOM_CUBECL_CACHE=DIR`, CubeCL keeps the kernels it compiles (PTX) and the autotune
-/// results in DIR, and logs its autotune choices to `DIR/autotune.log`: a later run given the same
-/// DIR (a later lease that carries it) skips that compiling and timing. Without it CubeCL keeps its
-/// defaults (autotune results under `target/`, no kernel cache).
+/// results in DIR ([`keep_kernel_caches`]): a later run given the same DIR (a later lease that
+/// carries it) skips that compiling and timing. Without it CubeCL keeps its defaults (autotune
+/// results under `target/`, no kernel cache).
 fn keep_cubecl_caches() {
-    use cubecl::config::autotune::AutotuneLogLevel;
-    use cubecl::config::cache::CacheConfig;
-    use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
-    let Some(dir) = std::env::var_os("FATHOM_CUBECL_CACHE").map(PathBuf::from) else {
-        return;
-    };
-    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
-    config.compilation.cache = Some(CacheConfig::File(dir.clone()));
-    config.autotune.cache = CacheConfig::File(dir.clone());
-    config.autotune.logger.file = Some(dir.join("autotune.log"));
-    config.autotune.logger.level = AutotuneLogLevel::Minimal;
-    CubeClRuntimeConfig::set(config);
+    if let Some(dir) = std::env::var_os("FATHOM_CUBECL_CACHE").filter(|d| !d.is_empty()) {
+        keep_kernel_caches(Path::new(&dir));
+    }
 }
 
 fn kernel() -> bool {

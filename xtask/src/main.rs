@@ -82,6 +82,8 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    keep_kernel_caches();
     match cli.command {
         Command::Train(args) => train::run_cmd(args),
         Command::Eval(args) => eval::run(args),
@@ -101,5 +103,25 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve(args) => serve::run(args, fathom_env::sandbox::WorkerCommand::CurrentExe),
         Command::FetchBase(args) => fetch_base::run(args),
+    }
+}
+
+/// Keeps CubeCL's compiled kernels and autotune results in `<cache root>/cubecl` (the cache root
+/// of `fetch-base`: `$XDG_CACHE_HOME/fathom` or `~/.cache/fathom`), so that a GPU run after the
+/// first skips compiling them (minutes on CUDA). `FATHOM_CUBECL_CACHE` names another directory;
+/// set empty, it keeps CubeCL's defaults. A `cubecl.toml` or `burn.toml` of the user's wins.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn keep_kernel_caches() {
+    use fathom_model::backend::kernel_cache::{KernelCaches, keep_kernel_caches};
+    let dir = match std::env::var_os("FATHOM_CUBECL_CACHE") {
+        Some(dir) if dir.is_empty() => return,
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => match fathom_model::base::default_cache_root() {
+            Ok(root) => root.join("cubecl"),
+            Err(_) => return,
+        },
+    };
+    if let KernelCaches::UserConfig(file) = keep_kernel_caches(&dir) {
+        tracing::debug!("CubeCL configured by {}", file.display());
     }
 }

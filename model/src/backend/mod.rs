@@ -17,6 +17,8 @@ pub mod attention;
 pub mod autodiff;
 pub mod flex;
 pub mod gemv;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod kernel_cache;
 pub mod logprobs;
 pub mod reference;
 pub mod vmath;
