@@ -150,7 +150,6 @@ fn main() -> R {
     Ok(())
 }
 
-/// The CubeCL NF4 kernel against the CPU path, bit for bit.
 /// With `FATHOM_CUBECL_CACHE=DIR`, CubeCL keeps the kernels it compiles (PTX) and the autotune
 /// results in DIR ([`keep_kernel_caches`]): a later run given the same DIR (a later lease that
 /// carries it) skips that compiling and timing. Without it CubeCL keeps its defaults (autotune
@@ -161,6 +160,7 @@ fn keep_cubecl_caches() {
     }
 }
 
+/// The CubeCL NF4 kernel against the CPU path, bit for bit.
 fn kernel() -> bool {
     let mut ok = true;
     for (rows, cols) in [(64, 64), (96, 160), (7, 9), (8960, 1536)] {
@@ -286,8 +286,9 @@ fn throughputs(out_dir: Option<&Path>) -> R {
 /// --tokens 1024 [--checkpointing]` runs it on the CPU, on one model built once (building the
 /// random 1.5B on the host takes about a minute). The allocator keeps the pages it reserved, so
 /// what it holds after the steps bounds the step's peak from above; it is asked to release its
-/// free pages before each variant (the script also samples `nvidia-smi` for the whole process). Each step's time goes to stderr as it ends: the warm-up
-/// step is where CubeCL compiles and autotunes the kernels.
+/// free pages before each variant (the script also samples `nvidia-smi` for the whole process).
+/// Each step's time goes to stderr as it ends: the warm-up step is where CubeCL compiles and
+/// autotunes the kernels.
 fn train() -> R {
     use cubecl::Runtime;
     let device = Default::default();

@@ -282,8 +282,9 @@ pub fn train_steps<B: ModelBackend>(
             times.push(elapsed);
         }
     }
+    let nf4 = model.model.layers[0].self_attn.q_proj.is_nf4();
     let figures = json!({
-        "system": "fathom", "tokens": bench.tokens, "nf4": model.model.layers[0].self_attn.q_proj.is_nf4(),
+        "system": "fathom", "tokens": bench.tokens, "nf4": nf4,
         "checkpointing": bench.checkpointing, "chunk": bench.chunk,
         "params": model.num_weights(),
         "lora_params": model.num_trainable(),
