@@ -4,7 +4,11 @@
 
 #![cfg(feature = "wgpu")]
 
+mod cli;
+
 use std::process::Command;
+
+use cli::text;
 
 #[test]
 fn a_wgpu_run_keeps_its_autotune_results_in_the_named_directory() {
@@ -28,11 +32,7 @@ fn a_wgpu_run_keeps_its_autotune_results_in_the_named_directory() {
         ])
         .output()
         .expect("xtask runs");
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = text(&out);
     assert!(out.status.success(), "{text}");
     // CubeCL writes one file of results per tuned operation (matmul, reductions) under
     // `autotune/<version>/<device>/`.
