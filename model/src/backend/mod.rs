@@ -12,11 +12,16 @@
 //! ([`autodiff`]): an NF4 projection keeps only its packed weight, attention keeps its inputs
 //! and one log-sum-exp per query, and the log-probabilities keep the hidden states (and, on the
 //! CPU, their own hidden-state gradient, so that the backward pass need not recompute logits).
+//!
+//! Two process settings for binaries to apply at start-up sit beside them: [`host_allocator`]
+//! keeps freed host memory for reuse (the CPU backend's activations), and `kernel_cache` (GPU
+//! features) keeps CubeCL's compiled kernels on disk.
 
 pub mod attention;
 pub mod autodiff;
 pub mod flex;
 pub mod gemv;
+pub mod host_allocator;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod kernel_cache;
 pub mod logprobs;
