@@ -19,8 +19,9 @@
 //! configures glibc's allocator (`GLIBC_TUNABLES` with `glibc.malloc.*`, or the older
 //! `MALLOC_*_` variables), and nothing on other C libraries.
 
-/// How much free memory at the top of a heap glibc keeps before returning it to the kernel.
-pub const TRIM_THRESHOLD: usize = 1 << 30;
+/// How much free memory (bytes) at the top of a heap glibc keeps before returning it to the
+/// kernel (a C `int`, as `mallopt` takes it).
+pub const TRIM_THRESHOLD: i32 = 1 << 30;
 
 /// The environment variables through which a user configures glibc's allocator.
 const USER_SETTINGS: [&str; 5] = [
@@ -77,7 +78,6 @@ fn tune() -> HostAllocator {
         (libc::M_MMAP_MAX, 0, "M_MMAP_MAX"),
     ];
     for (param, value, name) in settings {
-        let value = libc::c_int::try_from(value).expect("the thresholds fit a C int");
         // SAFETY: mallopt only reads its two integer arguments; glibc serialises it against
         // concurrent allocation with the arena lock.
         if unsafe { libc::mallopt(param, value) } != 1 {
