@@ -15,6 +15,7 @@
 use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::backend::ModelBackend;
@@ -97,10 +98,12 @@ pub fn sample<B: ModelBackend>(
         )));
     }
     if B::HOST {
+        // Rows in parallel: each draws from its own stream, so the choices are those of a
+        // sequential pass.
         let values = read_f32(logits.into_data())?;
         return Ok(values
-            .chunks_exact(vocab)
-            .zip(rngs.iter_mut())
+            .par_chunks_exact(vocab)
+            .zip(rngs.par_iter_mut())
             .map(|(row, rng)| choose(row, sampling, rng))
             .collect());
     }
@@ -212,7 +215,9 @@ pub fn choose(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> (u32, f32
     let temperature = sampling.temperature();
     let scaled: Vec<f32> = logits.iter().map(|l| l / temperature).collect();
     let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = scaled.iter().map(|l| ((l - max) as f64).exp()).sum();
+    // Unnormalised probabilities, kept for the draw's walk over them.
+    let weights: Vec<f64> = scaled.iter().map(|l| ((l - max) as f64).exp()).collect();
+    let sum: f64 = weights.iter().sum();
     let log_z = max + sum.ln() as f32;
     let token = match sampling {
         Sampling::Greedy => {
@@ -228,8 +233,7 @@ pub fn choose(logits: &[f32], sampling: Sampling, rng: &mut StdRng) -> (u32, f32
             // One pass over the cumulative distribution.
             let mut draw = rng.random::<f64>() * sum;
             let mut pick = scaled.len() - 1;
-            for (i, &l) in scaled.iter().enumerate() {
-                let p = ((l - max) as f64).exp();
+            for (i, &p) in weights.iter().enumerate() {
                 if draw < p {
                     pick = i;
                     break;
