@@ -39,10 +39,16 @@ pub struct TraceSettings {
     /// Needle traces search with a two-line `re.findall` of the key's sentences instead of the
     /// expert's helper function: for small models, which learn the short form far sooner.
     /// Multi-hop traces then make one such search per hop, for the sentence in which the
-    /// current courier hands the parcel on, and never waste a turn (their hops fill the
-    /// turns). Optional; `false` when absent.
+    /// current courier hands the parcel on, and waste no turn unless `multi_hop_detours`
+    /// says so. Optional; `false` when absent.
     #[serde(default)]
     pub short_search: bool,
+    /// With `short_search`, multi-hop traces are drawn wasteful as other families' are
+    /// (`wasteful_fraction`, `llm_share`): the wasted turn comes first and the hops follow, so
+    /// the environment needs six turns for a four-hop chain (`env.max_turns`, checked with
+    /// the recipe). Optional; `false` when absent, when multi-hop traces never waste a turn.
+    #[serde(default)]
+    pub multi_hop_detours: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer
     /// forms). With `false`, every assistant turn is a bare code block or a bare
     /// `<answer>…</answer>`, so a small model's first token is `` ``` `` or `<answer>` rather
@@ -145,6 +151,7 @@ pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettin
         settings.wasteful_fraction,
         settings.llm_share,
         settings.short_search,
+        settings.multi_hop_detours,
     );
     if settings.prose {
         style

@@ -46,6 +46,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         wasteful_fraction: 0.3,
         short_search: false,
         prose: true,
+        multi_hop_detours: false,
         llm_share: 0.5,
     };
     let rewards = Composite::default();
@@ -156,6 +157,7 @@ fn bare_needle_traces(
         wasteful_fraction,
         short_search: true,
         prose: false,
+        multi_hop_detours: false,
         llm_share,
     };
     let mut env = env();
@@ -220,6 +222,7 @@ fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
         wasteful_fraction: 0.7,
         short_search: true,
         prose: false,
+        multi_hop_detours: false,
         llm_share: 1.0,
     };
     let mut env = env();
@@ -301,9 +304,80 @@ fn llm_detour_traces_call_once_and_stay_correct() {
     eprintln!("first observation: {}", traces[0].messages[3].content);
 }
 
+/// `multi_hop_detours`, as `recipes/laptop.ron` writes multi-hop traces: a wasteful trace first
+/// sends a slice to `llm()` (one call, recorded), then makes one search per hop and answers,
+/// still correct; the others are the plain chains above; both kinds occur.
+fn multihop_detour_traces_call_once_then_search_per_hop() {
+    let config = TaskConfig {
+        context_window: 512,
+        min_doc_tokens: 1024,
+        max_window_factor: 4.0,
+    };
+    let hops: Vec<_> = (0..1000)
+        .map(|i| tasks::split_task(Split::Train, i, &config).unwrap())
+        .filter(|t| t.family == Family::MultiHop)
+        .take(10)
+        .collect();
+    let settings = TraceSettings {
+        count: 20,
+        wasteful_fraction: 0.7,
+        short_search: true,
+        prose: false,
+        multi_hop_detours: true,
+        llm_share: 1.0,
+    };
+    let mut env = env();
+    let traces = generate_traces(&mut env, &hops, &Composite::default(), &settings, 1).unwrap();
+    let mut wasteful = 0;
+    for t in &traces {
+        assert!(t.correct, "{}: {:#?}", t.task_id, t.messages);
+        let assistant: Vec<_> = t
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .collect();
+        let searches = match t.style.detour {
+            Some(Detour::LlmOveruse { .. }) => {
+                wasteful += 1;
+                assert_eq!(t.llm_calls, 1, "{}: {:#?}", t.task_id, t.messages);
+                assert!(
+                    assistant[0].content.contains("print(llm("),
+                    "{}",
+                    assistant[0].content
+                );
+                &assistant[1..assistant.len() - 1]
+            }
+            None => {
+                assert_eq!(t.llm_calls, 0, "{}", t.task_id);
+                &assistant[..assistant.len() - 1]
+            }
+            Some(other) => panic!("{}: llm_share 1.0 drew {other:?}", t.task_id),
+        };
+        assert!(
+            (2..=4).contains(&searches.len()),
+            "{}: {:#?}",
+            t.task_id,
+            t.messages
+        );
+        for search in searches {
+            assert!(search.content.contains("re.findall("), "{}", search.content);
+            assert!(search.content.contains("courier "), "{}", search.content);
+        }
+        assert!(assistant.last().unwrap().content.starts_with("<answer>"));
+    }
+    assert!(
+        (8..=19).contains(&wasteful),
+        "{wasteful} of 20 wasteful at 0.7"
+    );
+}
+
 fn main() {
     fathom_env::sandbox::run_worker_if_requested();
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
+        (
+            "multihop_detour_traces_call_once_then_search_per_hop",
+            multihop_detour_traces_call_once_then_search_per_hop,
+        ),
         (
             "short_multihop_traces_search_once_per_hop_and_stay_correct",
             short_multihop_traces_search_once_per_hop_and_stay_correct,

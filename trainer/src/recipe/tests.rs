@@ -278,6 +278,36 @@ fn bad_values_are_named_with_their_line() {
 }
 
 #[test]
+fn multi_hop_detours_need_six_turns() {
+    let text = tiny()
+        .replacen(
+            "families: [needle, compare]",
+            "families: [needle, multi_hop]",
+            1,
+        )
+        .replacen(
+            "wasteful_fraction: 0.25)",
+            "wasteful_fraction: 0.25, short_search: true, multi_hop_detours: true)",
+            1,
+        );
+    assert_names(
+        &error(&text),
+        "sft.traces.multi_hop_detours",
+        line_of_text(&text, "multi_hop_detours: true"),
+    );
+    assert!(
+        error(&text).contains("at least 6, got 4"),
+        "{}",
+        error(&text)
+    );
+    let six = text.replacen("max_turns: 4,", "max_turns: 6,", 1);
+    Plan::from_text(&six, "tiny.ron").unwrap();
+    // Without multi-hop tasks, or without short searches, the setting changes no trace.
+    let needle_only = text.replacen("[needle, multi_hop]", "[needle, compare]", 1);
+    Plan::from_text(&needle_only, "tiny.ron").unwrap();
+}
+
+#[test]
 fn full_fine_tuning_needs_dense_weights() {
     let mut text = tiny();
     let start = text.find("        tuning: Lora(").unwrap();

@@ -8,6 +8,7 @@ use fathom_env::sandbox::SandboxConfig;
 use fathom_env::sublm::{LlmLimits, SubContext};
 use fathom_env::tasks::{TaskConfig, split_name};
 use fathom_model::Sampling;
+use fathom_rewards::record::Family;
 use fathom_rewards::{ConfigError, RewardRegistry};
 
 use super::{Backend, Plan, Recipe, RecipeError, SplitSelection, best_line};
@@ -180,6 +181,21 @@ fn check(r: &Recipe) -> Result<(), Failure> {
             .validate(sft.steps)
             .map_err(within("sft.schedule"))?;
         sft.traces.validate().map_err(within("sft.traces"))?;
+        let t = &sft.traces;
+        if t.multi_hop_detours
+            && t.short_search
+            && r.data.families.contains(&Family::MultiHop)
+            && e.max_turns < 6
+        {
+            return fail(
+                "sft.traces.multi_hop_detours",
+                format!(
+                    "a wasted turn before a four-hop chain's searches and answer needs env.max_turns \
+                     of at least 6, got {}",
+                    e.max_turns
+                ),
+            );
+        }
     }
     check_grpo(r)?;
     r.rapo.validate().map_err(within("rapo"))?;

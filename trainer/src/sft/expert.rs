@@ -138,13 +138,16 @@ impl Style {
     /// a detour: an unneeded `llm()` call with probability `llm_share`, over-reading
     /// otherwise. With `short_search`,
     /// needle traces search with a two-line `re.findall` (no draw is spent on it, so the
-    /// other choices are the same as without it).
+    /// other choices are the same as without it), and multi-hop traces keep their detour only
+    /// with `multi_hop_detours` (the draw is made either way, so the other choices do not
+    /// depend on it).
     pub fn draw(
         rng: &mut impl Rng,
         family: Family,
         wasteful_fraction: f64,
         llm_share: f64,
         short_search: bool,
+        multi_hop_detours: bool,
     ) -> Style {
         let detour = if rng.random_bool(wasteful_fraction.clamp(0.0, 1.0)) {
             let chars = rng.random_range(2000..=6000);
@@ -167,8 +170,9 @@ impl Style {
             windows: family == Family::Needle && rng.random_bool(0.5),
             short_search: short_search && matches!(family, Family::Needle | Family::MultiHop),
             // A short multi-hop trace already takes up to five turns (four hops and the
-            // answer), so it has no room for a wasted one.
-            detour: detour.filter(|_| !(short_search && family == Family::MultiHop)),
+            // answer), so it wastes one only where the recipe gives it a sixth.
+            detour: detour
+                .filter(|_| multi_hop_detours || !(short_search && family == Family::MultiHop)),
             bare: false,
         }
     }
@@ -476,7 +480,7 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(3);
         let styles: Vec<Style> = (0..400)
-            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25, 0.5, false))
+            .map(|_| Style::draw(&mut rng, Family::Needle, 0.25, 0.5, false, false))
             .collect();
         let wasteful = styles.iter().filter(|s| s.detour.is_some()).count();
         assert!((70..=130).contains(&wasteful), "{wasteful} of 400");
@@ -487,7 +491,7 @@ mod tests {
         assert!(distinct.len() > 30, "{}", distinct.len());
         assert!(styles.iter().any(|s| s.windows) && styles.iter().any(|s| !s.windows));
         let none = (0..100).all(|_| {
-            Style::draw(&mut rng, Family::Compare, 0.0, 0.5, true)
+            Style::draw(&mut rng, Family::Compare, 0.0, 0.5, true, false)
                 .detour
                 .is_none()
         });
@@ -500,7 +504,9 @@ mod tests {
         let kinds = |share: f64| {
             let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(9);
             let detours: Vec<Detour> = (0..400)
-                .filter_map(|_| Style::draw(&mut rng, Family::Needle, 1.0, share, true).detour)
+                .filter_map(|_| {
+                    Style::draw(&mut rng, Family::Needle, 1.0, share, true, false).detour
+                })
                 .collect();
             let llm = detours
                 .iter()
@@ -519,7 +525,7 @@ mod tests {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha12Rng::seed_from_u64(5);
         for _ in 0..50 {
-            let drawn = Style::draw(&mut rng, Family::Needle, 0.5, 0.5, true);
+            let drawn = Style::draw(&mut rng, Family::Needle, 0.5, 0.5, true, false);
             let style = drawn.clone().without_prose();
             assert_eq!(
                 (style.detour, style.names, style.python_fence),
