@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use fathom_rewards::record::{Role, Trajectory};
+use fathom_rewards::record::{Action, Role, Trajectory};
 use plotters::prelude::*;
 
 use crate::checkpoint::Stage;
@@ -185,7 +185,8 @@ pub fn write(plan: &Plan, run: &RunSummary) -> Result<PathBuf, ReportError> {
                 last.label
             );
             let correct: Vec<bool> = last.report.episodes.iter().map(|e| e.correct).collect();
-            for (i, t) in pick_three(&last.trajectories, &correct)
+            let families: Vec<_> = last.report.episodes.iter().map(|e| e.family).collect();
+            for (i, t) in pick_three(&last.trajectories, &correct, &families)
                 .into_iter()
                 .enumerate()
             {
@@ -221,24 +222,51 @@ fn row(md: &mut String, label: &str, s: &Summary) {
     );
 }
 
-/// Up to three episodes to print: correct ones first; among them, those that ran code more
-/// than once (code, output, more code, answer), then those that ran it at all; then by order.
-fn pick_three<'a>(
+/// Up to three episodes to print: correct ones first; among them, those that ran two or more
+/// different programs (code, output, more code, answer: a turn that repeats an earlier
+/// program word for word does not count), then those that ran code at all. Within one such
+/// class, an episode of a family not yet shown comes before one of a family already shown,
+/// then held-out order decides.
+fn pick_three<'a, F: PartialEq>(
     trajectories: &'a [Option<Trajectory>],
     correct: &[bool],
+    families: &[F],
 ) -> Vec<(usize, &'a Trajectory)> {
-    let mut ranked: Vec<(usize, &Trajectory)> = trajectories
+    let mut left: Vec<(usize, &Trajectory)> = trajectories
         .iter()
         .enumerate()
         .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
         .collect();
-    let code_turns = |t: &Trajectory| t.steps.iter().filter(|s| s.output.is_some()).count();
-    ranked.sort_by_key(|(i, t)| {
-        let turns = code_turns(t);
-        (!correct[*i], turns < 2, turns == 0, *i)
-    });
-    ranked.truncate(3);
-    ranked
+    let class = |i: usize, t: &Trajectory| {
+        let programs = distinct_programs(t);
+        (!correct[i], programs < 2, programs == 0)
+    };
+    let mut picked: Vec<(usize, &Trajectory)> = Vec::new();
+    while picked.len() < 3 {
+        let shown = |i: usize| picked.iter().any(|(p, _)| families[*p] == families[i]);
+        let Some(best) = (0..left.len()).min_by_key(|&k| {
+            let (i, t) = left[k];
+            (class(i, t), shown(i), i)
+        }) else {
+            break;
+        };
+        picked.push(left.remove(best));
+    }
+    picked
+}
+
+/// How many different programs an episode ran (code turns that produced output, compared by
+/// their text with surrounding whitespace trimmed).
+fn distinct_programs(t: &Trajectory) -> usize {
+    let mut seen: Vec<&str> = Vec::new();
+    for step in t.steps.iter().filter(|s| s.output.is_some()) {
+        if let Action::Code { code } = &step.action
+            && !seen.contains(&code.trim())
+        {
+            seen.push(code.trim());
+        }
+    }
+    seen.len()
 }
 
 fn trajectory(md: &mut String, t: &Trajectory) {
@@ -406,9 +434,9 @@ mod tests {
             output_tokens: 1,
         };
         let mut steps: Vec<Step> = (0..code)
-            .map(|_| {
+            .map(|k| {
                 let code = Action::Code {
-                    code: "print(1)".into(),
+                    code: format!("print({k})"),
                 };
                 step(code, Some(ExecOutput::default()))
             })
@@ -434,7 +462,7 @@ mod tests {
             episode(1),
         ];
         let correct = [true, true, true, false, true, true];
-        let picked: Vec<usize> = pick_three(&trajectories, &correct)
+        let picked: Vec<usize> = pick_three(&trajectories, &correct, &[0; 6])
             .into_iter()
             .map(|(i, _)| i)
             .collect();
@@ -442,10 +470,43 @@ mod tests {
         // three-turn episode and the correct answer-only one come after.
         assert_eq!(picked, vec![4, 0, 5]);
         let all_wrong = [false; 6];
-        let picked: Vec<usize> = pick_three(&trajectories, &all_wrong)
+        let picked: Vec<usize> = pick_three(&trajectories, &all_wrong, &[0; 6])
             .into_iter()
             .map(|(i, _)| i)
             .collect();
         assert_eq!(picked, vec![3, 4, 0]);
+    }
+
+    #[test]
+    fn a_repeated_program_is_not_a_second_code_turn() {
+        // Episode 0 runs the same search twice; episode 1 runs two different ones.
+        let mut repeated = episode(2);
+        if let Some(t) = repeated.as_mut() {
+            let first = t.steps[0].action.clone();
+            t.steps[1].action = first;
+        }
+        let trajectories = vec![repeated, episode(2), episode(1)];
+        assert_eq!(distinct_programs(trajectories[0].as_ref().unwrap()), 1);
+        assert_eq!(distinct_programs(trajectories[1].as_ref().unwrap()), 2);
+        let picked: Vec<usize> = pick_three(&trajectories, &[true; 3], &[0; 3])
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(picked, vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn another_family_comes_first_within_a_class() {
+        let trajectories = vec![episode(2), episode(2), episode(2), episode(1)];
+        let pick = |families: &[char]| -> Vec<usize> {
+            pick_three(&trajectories, &[true; 4], families)
+                .into_iter()
+                .map(|(i, _)| i)
+                .collect()
+        };
+        // Two multi-program episodes of family a, one of b: b's comes second.
+        assert_eq!(pick(&['a', 'a', 'b', 'b']), vec![0, 2, 1]);
+        // b's only episode ran one program: the class decides before the family does.
+        assert_eq!(pick(&['a', 'a', 'a', 'b']), vec![0, 1, 2]);
     }
 }
