@@ -304,7 +304,7 @@ fn llm_detour_traces_call_once_and_stay_correct() {
     eprintln!("first observation: {}", traces[0].messages[3].content);
 }
 
-/// `multi_hop_detours`, as `recipes/laptop.ron` writes multi-hop traces: a wasteful trace first
+/// `multi_hop_detours`, as a recipe that sets it writes multi-hop traces: a wasteful trace first
 /// sends a slice to `llm()` (one call, recorded), then makes one search per hop and answers,
 /// still correct; the others are the plain chains above; both kinds occur.
 fn multihop_detour_traces_call_once_then_search_per_hop() {
