@@ -232,25 +232,27 @@ fn pick_three<'a, F: PartialEq>(
     correct: &[bool],
     families: &[F],
 ) -> Vec<(usize, &'a Trajectory)> {
-    let mut left: Vec<(usize, &Trajectory)> = trajectories
+    // Each episode's class, computed once: (wrong, fewer than two programs, no program).
+    let mut left: Vec<(usize, &Trajectory, (bool, bool, bool))> = trajectories
         .iter()
         .enumerate()
         .filter_map(|(i, t)| t.as_ref().map(|t| (i, t)))
+        .map(|(i, t)| {
+            let programs = distinct_programs(t);
+            (i, t, (!correct[i], programs < 2, programs == 0))
+        })
         .collect();
-    let class = |i: usize, t: &Trajectory| {
-        let programs = distinct_programs(t);
-        (!correct[i], programs < 2, programs == 0)
-    };
     let mut picked: Vec<(usize, &Trajectory)> = Vec::new();
     while picked.len() < 3 {
         let shown = |i: usize| picked.iter().any(|(p, _)| families[*p] == families[i]);
         let Some(best) = (0..left.len()).min_by_key(|&k| {
-            let (i, t) = left[k];
-            (class(i, t), shown(i), i)
+            let (i, _, class) = left[k];
+            (class, shown(i), i)
         }) else {
             break;
         };
-        picked.push(left.remove(best));
+        let (i, t, _) = left.remove(best);
+        picked.push((i, t));
     }
     picked
 }
@@ -421,6 +423,18 @@ mod tests {
     use super::*;
     use fathom_rewards::record::{Action, EndReason, ExecOutput, Step};
 
+    /// The held-out indices `pick_three` chooses.
+    fn picked<F: PartialEq>(
+        trajectories: &[Option<Trajectory>],
+        correct: &[bool],
+        families: &[F],
+    ) -> Vec<usize> {
+        pick_three(trajectories, correct, families)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// An episode with `code` code turns and then an answer.
     fn episode(code: usize) -> Option<Trajectory> {
         let step = |action, output| Step {
@@ -462,19 +476,12 @@ mod tests {
             episode(1),
         ];
         let correct = [true, true, true, false, true, true];
-        let picked: Vec<usize> = pick_three(&trajectories, &correct, &[0; 6])
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect();
+        let chosen = picked(&trajectories, &correct, &[0; 6]);
         // Correct with two or more code turns, then correct with one, in order; the wrong
         // three-turn episode and the correct answer-only one come after.
-        assert_eq!(picked, vec![4, 0, 5]);
+        assert_eq!(chosen, vec![4, 0, 5]);
         let all_wrong = [false; 6];
-        let picked: Vec<usize> = pick_three(&trajectories, &all_wrong, &[0; 6])
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect();
-        assert_eq!(picked, vec![3, 4, 0]);
+        assert_eq!(picked(&trajectories, &all_wrong, &[0; 6]), vec![3, 4, 0]);
     }
 
     #[test]
@@ -488,22 +495,13 @@ mod tests {
         let trajectories = vec![repeated, episode(2), episode(1)];
         assert_eq!(distinct_programs(trajectories[0].as_ref().unwrap()), 1);
         assert_eq!(distinct_programs(trajectories[1].as_ref().unwrap()), 2);
-        let picked: Vec<usize> = pick_three(&trajectories, &[true; 3], &[0; 3])
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect();
-        assert_eq!(picked, vec![1, 0, 2]);
+        assert_eq!(picked(&trajectories, &[true; 3], &[0; 3]), vec![1, 0, 2]);
     }
 
     #[test]
     fn another_family_comes_first_within_a_class() {
         let trajectories = vec![episode(2), episode(2), episode(2), episode(1)];
-        let pick = |families: &[char]| -> Vec<usize> {
-            pick_three(&trajectories, &[true; 4], families)
-                .into_iter()
-                .map(|(i, _)| i)
-                .collect()
-        };
+        let pick = |families: &[char]| picked(&trajectories, &[true; 4], families);
         // Two multi-program episodes of family a, one of b: b's comes second.
         assert_eq!(pick(&['a', 'a', 'b', 'b']), vec![0, 2, 1]);
         // b's only episode ran one program: the class decides before the family does.
