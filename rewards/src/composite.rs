@@ -1,11 +1,12 @@
-//! The composite reward: a weighted list of components, the cap on incorrect answers, and the
-//! per-component breakdown the trainer logs.
+//! The composite reward: a weighted list of components, the cap (and optional floor) on
+//! incorrect answers, and the per-component breakdown the trainer logs.
 //!
 //! For components `i` with weights `wᵢ` and values `vᵢ`:
 //!
 //! ```text
 //! sum   = Σᵢ wᵢ · vᵢ                  (in the composite's component order)
 //! total = min(sum, cap)   when the answer is not correct and a cap is set (default 0.25)
+//! total = max(total, floor)  then, when the answer is not correct and a floor is set (default none)
 //! total = sum             otherwise
 //! ```
 //!
@@ -14,6 +15,12 @@
 //! `Correctness` component is in the list. With the default weights an incorrect episode scores
 //! at most `0.10`, so the cap binds only when custom or step-level components add positive
 //! value to wrong answers.
+//!
+//! The floor only ever raises the total of an incorrect episode, so that negative components
+//! (the token budget) do not rank wrong answers among themselves. With `cap = floor = 0` every
+//! wrong answer scores exactly 0: a GRPO group that solves nothing then has no spread and
+//! teaches nothing, instead of teaching whatever its failures differ in (shorter failures
+//! spend fewer tokens).
 
 use thiserror::Error;
 
@@ -71,6 +78,17 @@ pub enum CompositeError {
     /// The cap is NaN or infinite.
     #[error("incorrect_cap must be finite, got {0}")]
     NonFiniteCap(f64),
+    /// The floor is NaN or infinite.
+    #[error("incorrect_floor must be finite, got {0}")]
+    NonFiniteFloor(f64),
+    /// The floor is above the cap, so an incorrect total would have no consistent value.
+    #[error("incorrect_floor {floor} is above incorrect_cap {cap}")]
+    FloorAboveCap {
+        /// The floor.
+        floor: f64,
+        /// The cap.
+        cap: f64,
+    },
     /// A component declares an empty or non-finite range.
     #[error("reward component {component:?} declares an invalid range [{min}, {max}]")]
     BadRange {
@@ -106,6 +124,7 @@ struct Weighted {
 pub struct Composite {
     components: Vec<Weighted>,
     incorrect_cap: Option<f64>,
+    incorrect_floor: Option<f64>,
     matcher: AnswerMatcher,
 }
 
@@ -117,6 +136,7 @@ impl std::fmt::Debug for Composite {
                 &self.names().zip(self.weights()).collect::<Vec<_>>(),
             )
             .field("incorrect_cap", &self.incorrect_cap)
+            .field("incorrect_floor", &self.incorrect_floor)
             .field("matcher", &self.matcher)
             .finish()
     }
@@ -171,8 +191,52 @@ impl Composite {
         Ok(Self {
             components,
             incorrect_cap,
+            incorrect_floor: None,
             matcher,
         })
+    }
+
+    /// Sets the floor on the total of incorrect episodes (`None`: no floor, the default). It is
+    /// applied after the cap and must not exceed it.
+    ///
+    /// ```
+    /// use fathom_rewards::composite::Composite;
+    /// use fathom_rewards::components::{Correctness, TokenBudget};
+    /// use fathom_rewards::fixture::{task, TrajectoryBuilder};
+    /// use fathom_rewards::normalize::AnswerMatcher;
+    /// use fathom_rewards::record::Family;
+    ///
+    /// let budget = TokenBudget { free_tokens: 0, saturate_tokens: 10 };
+    /// let composite = Composite::new(
+    ///     vec![(0.7, Box::new(Correctness)), (-0.15, Box::new(budget))],
+    ///     Some(0.0),
+    ///     AnswerMatcher::default(),
+    /// )
+    /// .unwrap()
+    /// .with_incorrect_floor(Some(0.0))
+    /// .unwrap();
+    /// let task = task("t", Family::Needle, "k=Paris", "k?", "Paris");
+    /// let wrong = TrajectoryBuilder::new("t")
+    ///     .code("print(context)", "k=Paris ... a long output")
+    ///     .answer("<answer>Rome</answer>")
+    ///     .build();
+    /// let scores = composite.score(&task, &wrong).unwrap();
+    /// assert!(scores.sum < 0.0);
+    /// assert_eq!(scores.total, 0.0); // raised to the floor
+    /// ```
+    pub fn with_incorrect_floor(mut self, floor: Option<f64>) -> Result<Self, CompositeError> {
+        if let Some(floor) = floor {
+            if !floor.is_finite() {
+                return Err(CompositeError::NonFiniteFloor(floor));
+            }
+            if let Some(cap) = self.incorrect_cap
+                && floor > cap
+            {
+                return Err(CompositeError::FloorAboveCap { floor, cap });
+            }
+        }
+        self.incorrect_floor = floor;
+        Ok(self)
     }
 
     /// Component names, in the composite's stable order.
@@ -198,6 +262,11 @@ impl Composite {
     /// The cap on the total of incorrect episodes, if any.
     pub fn incorrect_cap(&self) -> Option<f64> {
         self.incorrect_cap
+    }
+
+    /// The floor on the total of incorrect episodes, if any.
+    pub fn incorrect_floor(&self) -> Option<f64> {
+        self.incorrect_floor
     }
 
     /// How answers are matched against the gold answer.
@@ -271,6 +340,10 @@ impl Composite {
         let (total, capped) = match self.incorrect_cap {
             Some(cap) if !episode.correct && sum > cap => (cap, true),
             _ => (sum, false),
+        };
+        let total = match self.incorrect_floor {
+            Some(floor) if !episode.correct && total < floor => floor,
+            _ => total,
         };
         Ok(Totals {
             total,
@@ -433,6 +506,61 @@ mod tests {
         let zero = composite(0.0, Some(0.25));
         let b = zero.score(&task, &wrong).unwrap();
         assert!((b.total - 0.1).abs() < 1e-12 && !b.capped);
+    }
+
+    fn with_cost(cap: Option<f64>, floor: Option<f64>) -> Result<Composite, CompositeError> {
+        Composite::new(
+            vec![
+                (0.1, Box::new(FormatGate)),
+                (0.7, Box::new(Correctness)),
+                (-1.0, Box::new(Fixed("cost", 0.3))),
+            ],
+            cap,
+            AnswerMatcher::default(),
+        )?
+        .with_incorrect_floor(floor)
+    }
+
+    #[test]
+    fn floor_raises_only_incorrect_totals() {
+        let (task, wrong) = episode("<answer>Lyon</answer>");
+        let (_, right) = episode("<answer>Paris</answer>");
+        let exact = with_cost(Some(0.0), Some(0.0)).unwrap();
+        let b = exact.score(&task, &wrong).unwrap();
+        assert!((b.sum + 0.2).abs() < 1e-12);
+        assert_eq!((b.total, b.capped, b.correct), (0.0, false, false));
+        // A correct episode keeps its sum, whatever the floor.
+        let b = exact.score(&task, &right).unwrap();
+        assert!((b.total - 0.5).abs() < 1e-12 && b.correct);
+        // Without a floor the cost ranks wrong answers below zero.
+        let uncapped = with_cost(Some(0.0), None).unwrap();
+        assert!((uncapped.score(&task, &wrong).unwrap().total + 0.2).abs() < 1e-12);
+        // A floor without a cap, and one the sum is already above.
+        let low = with_cost(None, Some(-0.1)).unwrap();
+        assert!((low.score(&task, &wrong).unwrap().total + 0.1).abs() < 1e-12);
+        let below = with_cost(None, Some(-0.5)).unwrap();
+        assert!((below.score(&task, &wrong).unwrap().total + 0.2).abs() < 1e-12);
+        assert_eq!(exact.incorrect_floor(), Some(0.0));
+    }
+
+    #[test]
+    fn floor_must_be_finite_and_not_above_the_cap() {
+        assert!(matches!(
+            with_cost(None, Some(f64::NAN)),
+            Err(CompositeError::NonFiniteFloor(_))
+        ));
+        let err = with_cost(Some(0.0), Some(0.1)).unwrap_err();
+        assert_eq!(
+            err,
+            CompositeError::FloorAboveCap {
+                floor: 0.1,
+                cap: 0.0
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "incorrect_floor 0.1 is above incorrect_cap 0"
+        );
     }
 
     #[test]

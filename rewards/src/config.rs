@@ -4,6 +4,7 @@
 //! ```ron
 //! rewards: (
 //!     incorrect_cap: Some(0.25),            // None: no cap
+//!     incorrect_floor: None,                // Some(x): a wrong answer scores at least x
 //!     matching: (numeric_tolerance: 1e-9),
 //!     components: [
 //!         FormatGate(weight: 0.1),
@@ -92,6 +93,12 @@ pub struct RewardsConfig {
     /// it. A bare number (`incorrect_cap: 0.3`) is read as `Some(0.3)`.
     #[serde(default = "default_cap", deserialize_with = "cap_setting")]
     pub incorrect_cap: Option<f64>,
+    /// Floor on the total when the answer is not correct (default `None`), applied after the
+    /// cap and not above it: with `incorrect_cap: Some(0.0), incorrect_floor: Some(0.0)` every
+    /// wrong answer scores exactly 0, so negative components rank only correct answers. A bare
+    /// number is read as `Some(x)`.
+    #[serde(default, deserialize_with = "cap_setting")]
+    pub incorrect_floor: Option<f64>,
     /// How answers are matched.
     #[serde(default)]
     pub matching: AnswerMatcher,
@@ -164,6 +171,7 @@ impl Default for RewardsConfig {
     fn default() -> Self {
         Self {
             incorrect_cap: default_cap(),
+            incorrect_floor: None,
             matching: AnswerMatcher::default(),
             components: default_components(),
         }
@@ -345,11 +353,26 @@ impl RewardsConfig {
         for (index, component) in self.components.iter().enumerate() {
             built.push(build_component(index, component, registry)?);
         }
-        Ok(Composite::new(
-            built,
-            self.incorrect_cap,
-            self.matching.clone(),
-        )?)
+        if let Some(floor) = self.incorrect_floor {
+            if !floor.is_finite() {
+                return Err(invalid(
+                    "rewards.incorrect_floor",
+                    format!("must be finite, got {floor}"),
+                ));
+            }
+            if let Some(cap) = self.incorrect_cap
+                && floor > cap
+            {
+                return Err(invalid(
+                    "rewards.incorrect_floor",
+                    format!("must not be above incorrect_cap ({cap}), got {floor}"),
+                ));
+            }
+        }
+        Ok(
+            Composite::new(built, self.incorrect_cap, self.matching.clone())?
+                .with_incorrect_floor(self.incorrect_floor)?,
+        )
     }
 }
 
@@ -606,6 +629,11 @@ mod tests {
     fn invalid_values_name_their_field() {
         for (text, field) in [
             ("(incorrect_cap: Some(inf))", "rewards.incorrect_cap"),
+            ("(incorrect_floor: Some(-inf))", "rewards.incorrect_floor"),
+            (
+                "(incorrect_cap: Some(0.0), incorrect_floor: 0.1)",
+                "rewards.incorrect_floor",
+            ),
             (
                 "(matching: (numeric_tolerance: -1.0))",
                 "rewards.matching.numeric_tolerance",

@@ -8,6 +8,7 @@
 //! | length gaming | same answer, more tool tokens | total never rises |
 //! | recursion spam | same answer, more `llm()` calls | total never rises; a wrong answer earns nothing for calls |
 //! | copy-pasted gold | several candidates, or the gold inside extra text | not an exact match |
+//! | cheap failure (cap = floor = 0) | wrong, malformed or missing answers, any tokens or calls | total exactly 0; every correct answer above it |
 //!
 //! Each probe runs against the default composite (DESIGN §5) and, where the bound still
 //! applies, against the default plus RAPO's step-level reward. The "format credit" is the
@@ -348,6 +349,56 @@ fn audit_recursion_spam_wrong_answers_earn_nothing_for_calls() {
             );
         }
     }
+}
+
+/// The default composite with wrong answers pinned to exactly 0 (`incorrect_cap: Some(0.0),
+/// incorrect_floor: Some(0.0)`).
+fn pinned_at_zero() -> Composite {
+    let mut config = RewardsConfig::default();
+    config.incorrect_cap = Some(0.0);
+    config.incorrect_floor = Some(0.0);
+    config.build(&RewardRegistry::new()).unwrap()
+}
+
+#[test]
+fn audit_cheap_failure_wrong_answers_are_flat_and_below_every_correct_one() {
+    let task = needle_task();
+    let c = pinned_at_zero();
+    let mut lowest_correct = f64::INFINITY;
+    for answer in [
+        "<answer>Paris</answer>",
+        "<answer>Lyon</answer>",
+        "<answer>Paris",
+        "<answer>Paris</answer><answer>Lyon</answer>",
+        "no answer",
+    ] {
+        for calls in [0, 1, 3, 30] {
+            for tokens in [0, 600, 5_000, 1_000_000] {
+                let mut traj = with_llm_calls(answer, calls, false);
+                traj.steps[0].output_tokens = tokens;
+                let b = c.score(&task, &traj).unwrap();
+                if b.correct {
+                    lowest_correct = lowest_correct.min(b.total);
+                } else {
+                    // However many tokens or calls a failure spends, it scores exactly the
+                    // floor: a group of failures carries no ranking among them.
+                    assert_eq!(b.total, 0.0, "{answer}: {calls} calls, {tokens} tokens");
+                }
+            }
+        }
+    }
+    // Positive control: correct answers were scored, and the costliest still beats a failure.
+    assert!(
+        lowest_correct.is_finite() && lowest_correct > 0.5,
+        "{lowest_correct}"
+    );
+    // Without the floor, failures that spend more tokens score below zero.
+    let mut config = RewardsConfig::default();
+    config.incorrect_cap = Some(0.0);
+    let unfloored = config.build(&RewardRegistry::new()).unwrap();
+    let mut costly = honest("<answer>Lyon</answer>");
+    costly.steps[0].output_tokens = 1_000_000;
+    assert!(total(&unfloored, &task, &costly) < 0.0);
 }
 
 #[test]

@@ -177,10 +177,13 @@ fn config() -> impl Strategy<Value = RewardsConfig> {
             0..3usize,
         ),
         prop::option::of(-0.5..1.5f64),
+        prop::option::of(0.0..1.0f64),
     )
         .prop_map(
-            |(w, (free_t, extra_t, free_c, extra_c), s, incorrect_cap)| RewardsConfig {
+            |(w, (free_t, extra_t, free_c, extra_c), s, incorrect_cap, floor_gap)| RewardsConfig {
                 incorrect_cap,
+                // At or below the cap when both are set.
+                incorrect_floor: floor_gap.map(|g| incorrect_cap.unwrap_or(0.5) - g),
                 matching: AnswerMatcher::default(),
                 components: vec![
                     ComponentConfig::FormatGate { weight: w.0 },
@@ -238,7 +241,7 @@ proptest! {
     }
 
     #[test]
-    fn total_is_the_weighted_sum_with_the_cap_rule(config in config(), task in task_strategy(), traj in trajectory()) {
+    fn total_is_the_weighted_sum_with_the_cap_and_floor_rules(config in config(), task in task_strategy(), traj in trajectory()) {
         let composite = config.build(&RewardRegistry::new()).unwrap();
         let b = composite.score(&task, &traj).unwrap();
         let sum: f64 = b.components.iter().map(|c| c.weight * c.value).sum();
@@ -246,6 +249,10 @@ proptest! {
         let expected = match config.incorrect_cap {
             Some(cap) if !b.correct => sum.min(cap),
             _ => sum,
+        };
+        let expected = match config.incorrect_floor {
+            Some(floor) if !b.correct => expected.max(floor),
+            _ => expected,
         };
         prop_assert!((b.total - expected).abs() < 1e-12, "total {} expected {}", b.total, expected);
         prop_assert_eq!(b.capped, !b.correct && config.incorrect_cap.is_some_and(|cap| sum > cap));
