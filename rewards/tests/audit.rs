@@ -354,10 +354,13 @@ fn audit_recursion_spam_wrong_answers_earn_nothing_for_calls() {
 /// The default composite with wrong answers pinned to exactly 0 (`incorrect_cap: Some(0.0),
 /// incorrect_floor: Some(0.0)`).
 fn pinned_at_zero() -> Composite {
-    let mut config = RewardsConfig::default();
-    config.incorrect_cap = Some(0.0);
-    config.incorrect_floor = Some(0.0);
-    config.build(&RewardRegistry::new()).unwrap()
+    RewardsConfig {
+        incorrect_cap: Some(0.0),
+        incorrect_floor: Some(0.0),
+        ..RewardsConfig::default()
+    }
+    .build(&RewardRegistry::new())
+    .unwrap()
 }
 
 #[test]
@@ -393,9 +396,12 @@ fn audit_cheap_failure_wrong_answers_are_flat_and_below_every_correct_one() {
         "{lowest_correct}"
     );
     // Without the floor, failures that spend more tokens score below zero.
-    let mut config = RewardsConfig::default();
-    config.incorrect_cap = Some(0.0);
-    let unfloored = config.build(&RewardRegistry::new()).unwrap();
+    let unfloored = RewardsConfig {
+        incorrect_cap: Some(0.0),
+        ..RewardsConfig::default()
+    }
+    .build(&RewardRegistry::new())
+    .unwrap();
     let mut costly = honest("<answer>Lyon</answer>");
     costly.steps[0].output_tokens = 1_000_000;
     assert!(total(&unfloored, &task, &costly) < 0.0);
