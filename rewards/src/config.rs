@@ -353,26 +353,10 @@ impl RewardsConfig {
         for (index, component) in self.components.iter().enumerate() {
             built.push(build_component(index, component, registry)?);
         }
-        if let Some(floor) = self.incorrect_floor {
-            if !floor.is_finite() {
-                return Err(invalid(
-                    "rewards.incorrect_floor",
-                    format!("must be finite, got {floor}"),
-                ));
-            }
-            if let Some(cap) = self.incorrect_cap
-                && floor > cap
-            {
-                return Err(invalid(
-                    "rewards.incorrect_floor",
-                    format!("must not be above incorrect_cap ({cap}), got {floor}"),
-                ));
-            }
-        }
-        Ok(
-            Composite::new(built, self.incorrect_cap, self.matching.clone())?
-                .with_incorrect_floor(self.incorrect_floor)?,
-        )
+        // The composite checks the floor (finite, not above the cap); the error names the field.
+        Composite::new(built, self.incorrect_cap, self.matching.clone())?
+            .with_incorrect_floor(self.incorrect_floor)
+            .map_err(|e| invalid("rewards.incorrect_floor", e.to_string()))
     }
 }
 
