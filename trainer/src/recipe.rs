@@ -25,6 +25,7 @@ mod validate;
 use std::path::{Path, PathBuf};
 
 use fathom_env::env::EnvConfig;
+use fathom_env::tasks::TaskConfig;
 use fathom_model::Sampling;
 use fathom_rewards::record::{Family, Split};
 use fathom_rewards::{Composite, RewardRegistry, RewardsConfig};
@@ -114,12 +115,14 @@ pub struct DeviceSection {
 pub struct SplitSelection {
     /// The split.
     pub split: Split,
-    /// How many tasks: the first `count` of the split that belong to the recipe's families.
+    /// How many tasks: the first `count` of the split that belong to the recipe's families
+    /// (and, where `data.max_hops` is set, whose chains are no longer).
     pub count: usize,
 }
 
 impl SplitSelection {
-    /// The indices into the split of the selected tasks.
+    /// The indices into the split of the first `count` tasks of `families` (without
+    /// `data.max_hops`; [`DataSection::indices`] applies it).
     pub fn indices(&self, families: &[Family]) -> Vec<usize> {
         let fams = fathom_env::tasks::FAMILIES;
         (0..fathom_env::tasks::split_len(self.split))
@@ -147,6 +150,63 @@ pub struct DataSection {
     pub min_doc_tokens: usize,
     /// Longest document as a multiple of `context_window`.
     pub max_window_factor: f64,
+    /// Longest multi-hop chain a stage sees, in hops (the generator draws 2 to 4); `None`, the
+    /// default, keeps every chain. Multi-hop tasks with longer chains are skipped wherever a
+    /// split's tasks are selected, so SFT, GRPO and every evaluation draw from the same subset
+    /// and `count` still counts the tasks used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_hops: Option<usize>,
+}
+
+impl DataSection {
+    /// The document sizes as the environment's task generator takes them.
+    pub fn task_config(&self) -> TaskConfig {
+        TaskConfig {
+            context_window: self.context_window,
+            min_doc_tokens: self.min_doc_tokens,
+            max_window_factor: self.max_window_factor,
+        }
+    }
+
+    /// The indices into `sel`'s split of the tasks a stage uses: the first `sel.count` that
+    /// belong to the recipe's families, less multi-hop chains longer than `max_hops`.
+    pub fn indices(&self, sel: &SplitSelection) -> Vec<usize> {
+        self.candidates(sel.split).take(sel.count).collect()
+    }
+
+    /// How many tasks of `split` the families and `max_hops` leave to select from.
+    pub fn available(&self, split: Split) -> usize {
+        self.candidates(split).count()
+    }
+
+    fn candidates(&self, split: Split) -> impl Iterator<Item = usize> + '_ {
+        let config = self.task_config();
+        SplitSelection {
+            split,
+            count: usize::MAX,
+        }
+        .indices(&self.families)
+        .into_iter()
+        .filter(move |&i| {
+            let fams = fathom_env::tasks::FAMILIES;
+            match self.max_hops {
+                Some(max) if fams[i % fams.len()] == Family::MultiHop => {
+                    chain_hops(split, i, &config).is_some_and(|hops| hops <= max)
+                }
+                _ => true,
+            }
+        })
+    }
+}
+
+/// The number of hops of multi-hop task `index` of `split`, read from its question as the
+/// expert reads it; `None` when the task is no chain.
+fn chain_hops(split: Split, index: usize, config: &TaskConfig) -> Option<usize> {
+    let task = fathom_env::tasks::split_task(split, index, config).ok()?;
+    match fathom_env::expert::plan(&task.question)? {
+        fathom_env::expert::Plan::MultiHop { hops, .. } => Some(hops),
+        _ => None,
+    }
 }
 
 /// `llm()` limits.

@@ -308,6 +308,104 @@ fn multi_hop_detours_need_six_turns() {
 }
 
 #[test]
+fn max_hops_keeps_short_chains_only() {
+    let two_families = edited(
+        "families: [needle, compare]",
+        "families: [needle, multi_hop]",
+    );
+    let text = two_families.replacen(
+        "max_window_factor: 3.0,",
+        "max_window_factor: 3.0,\n        max_hops: Some(2),",
+        1,
+    );
+    let all = Plan::from_text(&two_families, "tiny.ron").unwrap();
+    let short = Plan::from_text(&text, "tiny.ron").unwrap();
+    let hops = |plan: &Plan, split: Split, indices: &[usize]| -> Vec<Option<usize>> {
+        indices
+            .iter()
+            .map(|&i| {
+                let task = fathom_env::tasks::split_task(split, i, &plan.env.tasks).unwrap();
+                match fathom_env::expert::plan(&task.question).unwrap() {
+                    fathom_env::expert::Plan::MultiHop { hops, .. } => Some(hops),
+                    _ => None,
+                }
+            })
+            .collect()
+    };
+    for (plan_all, plan_short, split) in [
+        (&all.train_tasks, &short.train_tasks, Split::Train),
+        (&all.eval_tasks, &short.eval_tasks, Split::Eval),
+        (&all.heldout_tasks, &short.heldout_tasks, Split::Heldout),
+    ] {
+        // The same count, every chain of two hops, and the needle tasks those of the unfiltered
+        // selection in their order.
+        assert_eq!(plan_all.len(), plan_short.len());
+        let kept = hops(&short, split, plan_short);
+        assert!(kept.iter().flatten().all(|&h| h == 2), "{kept:?}");
+        assert!(kept.iter().any(|h| h.is_some()) && kept.iter().any(|h| h.is_none()));
+        let unfiltered = hops(&all, split, plan_all);
+        assert!(
+            unfiltered.iter().flatten().any(|&h| h > 2),
+            "{unfiltered:?}"
+        );
+        let needles = |indices: &[usize], hops: &[Option<usize>]| -> Vec<usize> {
+            indices
+                .iter()
+                .zip(hops)
+                .filter(|(_, h)| h.is_none())
+                .map(|(&i, _)| i)
+                .collect()
+        };
+        let (a, b) = (needles(plan_all, &unfiltered), needles(plan_short, &kept));
+        assert_eq!(a[..a.len().min(b.len())], b[..a.len().min(b.len())]);
+    }
+    // Four hops is the generator's longest chain: the selection is the unfiltered one.
+    let four = text.replacen("Some(2)", "Some(4)", 1);
+    assert_eq!(
+        Plan::from_text(&four, "tiny.ron").unwrap().train_tasks,
+        all.train_tasks
+    );
+    // No chain is shorter than two hops.
+    let one = text.replacen("Some(2)", "Some(1)", 1);
+    assert_names(
+        &error(&one),
+        "data.max_hops",
+        line_of_text(&one, "max_hops"),
+    );
+    assert!(error(&one).contains("at least 2 hops"), "{}", error(&one));
+    // Without multi-hop tasks the setting limits nothing, which is a mistake worth naming.
+    let needle_only = text.replacen("[needle, multi_hop]", "[needle, compare]", 1);
+    assert!(error(&needle_only).contains("does not list multi_hop"));
+    // A count beyond what the filter leaves names the count and says why.
+    let held = short_held_out_available(&text);
+    let too_many = text.replacen(
+        "heldout: (split: heldout, count: 8)",
+        &format!("heldout: (split: heldout, count: {})", held + 1),
+        1,
+    );
+    let message = error(&too_many);
+    assert_names(
+        &message,
+        "data.heldout.count",
+        line_of_text(&too_many, "heldout: (split"),
+    );
+    assert!(
+        message.contains(&format!("between 1 and {held}")),
+        "{message}"
+    );
+    assert!(message.contains("chain lengths"), "{message}");
+}
+
+/// How many held-out tasks `text`'s families and `max_hops` leave.
+fn short_held_out_available(text: &str) -> usize {
+    let recipe = Recipe::parse(text, "tiny.ron").unwrap();
+    let available = recipe.data.available(Split::Heldout);
+    // Fewer than the split's two families would give (200 of 500), more than none.
+    assert!(available > 8 && available < 200, "{available}");
+    available
+}
+
+#[test]
 fn full_fine_tuning_needs_dense_weights() {
     let mut text = tiny();
     let start = text.find("        tuning: Lora(").unwrap();

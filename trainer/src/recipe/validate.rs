@@ -6,12 +6,12 @@ use std::time::Duration;
 use fathom_env::env::EnvConfig;
 use fathom_env::sandbox::SandboxConfig;
 use fathom_env::sublm::{LlmLimits, SubContext};
-use fathom_env::tasks::{TaskConfig, split_name};
+use fathom_env::tasks::split_name;
 use fathom_model::Sampling;
 use fathom_rewards::record::Family;
 use fathom_rewards::{ConfigError, RewardRegistry};
 
-use super::{Backend, Plan, Recipe, RecipeError, SplitSelection, best_line};
+use super::{Backend, DataSection, Plan, Recipe, RecipeError, SplitSelection, best_line};
 
 /// The sandbox limits a recipe sets (the rest of [`SandboxConfig`] is the caller's).
 #[derive(Clone, Debug, PartialEq)]
@@ -96,11 +96,7 @@ pub(super) fn plan(
         other => invalid(("rewards".into(), other.to_string())),
     })?;
     let d = &recipe.data;
-    let tasks = TaskConfig {
-        context_window: d.context_window,
-        min_doc_tokens: d.min_doc_tokens,
-        max_window_factor: d.max_window_factor,
-    };
+    let tasks = d.task_config();
     let e = &recipe.env;
     let env = EnvConfig {
         max_turns: e.max_turns,
@@ -118,9 +114,9 @@ pub(super) fn plan(
     Ok(Plan {
         origin: origin.to_string(),
         text: text.to_string(),
-        train_tasks: d.train.indices(&d.families),
-        eval_tasks: d.eval.indices(&d.families),
-        heldout_tasks: d.heldout.indices(&d.families),
+        train_tasks: d.indices(&d.train),
+        eval_tasks: d.indices(&d.eval),
+        heldout_tasks: d.indices(&d.heldout),
         env,
         sandbox: SandboxLimits {
             max_output_chars: e.max_output_chars,
@@ -231,12 +227,26 @@ fn check_data(r: &Recipe) -> Result<(), Failure> {
             return fail("data.families", format!("{f:?} is listed twice"));
         }
     }
+    if let Some(max) = d.max_hops {
+        if !d.families.contains(&Family::MultiHop) {
+            return fail(
+                "data.max_hops",
+                "limits multi-hop chains, but data.families does not list multi_hop (write None)",
+            );
+        }
+        if max < 2 {
+            return fail(
+                "data.max_hops",
+                format!("every chain has at least 2 hops, so {max} would leave none"),
+            );
+        }
+    }
     for (name, sel) in [
         ("train", &d.train),
         ("eval", &d.eval),
         ("heldout", &d.heldout),
     ] {
-        check_selection(&format!("data.{name}"), sel, &d.families)?;
+        check_selection(&format!("data.{name}"), sel, d)?;
     }
     if d.train.split == d.heldout.split {
         return fail(
@@ -255,23 +265,19 @@ fn check_data(r: &Recipe) -> Result<(), Failure> {
     Ok(())
 }
 
-fn check_selection(
-    field: &str,
-    sel: &SplitSelection,
-    families: &[fathom_rewards::record::Family],
-) -> Result<(), Failure> {
-    let available = SplitSelection {
-        split: sel.split,
-        count: usize::MAX,
-    }
-    .indices(families)
-    .len();
+fn check_selection(field: &str, sel: &SplitSelection, d: &DataSection) -> Result<(), Failure> {
+    let available = d.available(sel.split);
     if sel.count == 0 || sel.count > available {
         return fail(
             format!("{field}.count"),
             format!(
-                "must be between 1 and {available} (the {} split's tasks of the listed families), got {}",
+                "must be between 1 and {available} (the {} split's tasks of the listed families{}), got {}",
                 split_name(sel.split),
+                if d.max_hops.is_some() {
+                    " and chain lengths"
+                } else {
+                    ""
+                },
                 sel.count
             ),
         );
