@@ -394,6 +394,14 @@ fn max_hops_keeps_short_chains_only() {
         "{message}"
     );
     assert!(message.contains("chain lengths"), "{message}");
+    // Exactly as many as the filter leaves is valid, and the plan uses every one of them.
+    let all = text.replacen(
+        "heldout: (split: heldout, count: 8)",
+        &format!("heldout: (split: heldout, count: {held})"),
+        1,
+    );
+    let plan = Plan::from_text(&all, "tiny.ron").unwrap();
+    assert_eq!(plan.heldout_tasks.len(), held);
 }
 
 /// How many held-out tasks `text`'s families and `max_hops` leave.
