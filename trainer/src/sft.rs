@@ -49,6 +49,13 @@ pub struct TraceSettings {
     /// the recipe). Optional; `false` when absent, when multi-hop traces never waste a turn.
     #[serde(default)]
     pub multi_hop_detours: bool,
+    /// With `short_search`, each hop's search in a multi-hop trace opens with the comment
+    /// `# hop K of N` (N from the question), so the decision to search again or answer is a
+    /// comparison of two numbers the model has just written, not a count of its own turns
+    /// (without it, a small model learns one number of searches for every chain). Optional;
+    /// `false` when absent.
+    #[serde(default)]
+    pub count_hops: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer
     /// forms). With `false`, every assistant turn is a bare code block or a bare
     /// `<answer>…</answer>`, so a small model's first token is `` ``` `` or `<answer>` rather
@@ -77,6 +84,13 @@ impl TraceSettings {
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if self.count == 0 {
             return Err(("count", "must be at least 1".into()));
+        }
+        if self.count_hops && !self.short_search {
+            return Err((
+                "count_hops",
+                "numbers the searches of short multi-hop traces, so it needs short_search: true"
+                    .into(),
+            ));
         }
         for (field, value) in [
             ("wasteful_fraction", self.wasteful_fraction),
@@ -153,6 +167,10 @@ pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettin
         settings.short_search,
         settings.multi_hop_detours,
     );
+    let style = Style {
+        count_hops: style.short_search && settings.count_hops && family == Family::MultiHop,
+        ..style
+    };
     if settings.prose {
         style
     } else {

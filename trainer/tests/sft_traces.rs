@@ -47,6 +47,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         short_search: false,
         prose: true,
         multi_hop_detours: false,
+        count_hops: false,
         llm_share: 0.5,
     };
     let rewards = Composite::default();
@@ -158,6 +159,7 @@ fn bare_needle_traces(
         short_search: true,
         prose: false,
         multi_hop_detours: false,
+        count_hops: false,
         llm_share,
     };
     let mut env = env();
@@ -205,8 +207,14 @@ fn short_search_traces_stay_correct() {
 /// `short_search` multi-hop traces, as the embedded default writes them: one two-line search
 /// per hop, each naming the courier the previous output handed the parcel to, then the
 /// answer: correct through the real environment, and never a wasted turn (four hops and the
-/// answer fill the default's five turns).
+/// answer fill the default's five turns). With `count_hops`, each search opens with
+/// `# hop K of N`, K counting the searches and N the chain's hops.
 fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
+    short_multihop_traces(false);
+    short_multihop_traces(true);
+}
+
+fn short_multihop_traces(count_hops: bool) {
     let config = TaskConfig {
         context_window: 512,
         min_doc_tokens: 1024,
@@ -223,6 +231,7 @@ fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
         short_search: true,
         prose: false,
         multi_hop_detours: false,
+        count_hops,
         llm_share: 1.0,
     };
     let mut env = env();
@@ -247,7 +256,15 @@ fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
         hop_counts.insert(searches.len());
         for (i, search) in searches.iter().enumerate() {
             assert!(
-                search.content.starts_with("```") && search.content.lines().count() == 4,
+                search.content.starts_with("```")
+                    && search.content.lines().count() == 4 + usize::from(count_hops),
+                "{}",
+                search.content
+            );
+            let counter = format!("# hop {} of {}\n", i + 1, searches.len());
+            assert_eq!(
+                search.content.contains(&counter),
+                count_hops,
                 "{}",
                 search.content
             );
@@ -324,6 +341,7 @@ fn multihop_detour_traces_call_once_then_search_per_hop() {
         short_search: true,
         prose: false,
         multi_hop_detours: true,
+        count_hops: false,
         llm_share: 1.0,
     };
     let mut env = env();

@@ -278,6 +278,32 @@ fn bad_values_are_named_with_their_line() {
 }
 
 #[test]
+fn counted_hops_need_short_searches() {
+    let text = tiny().replacen(
+        "wasteful_fraction: 0.25)",
+        "wasteful_fraction: 0.25, count_hops: true)",
+        1,
+    );
+    assert_names(
+        &error(&text),
+        "sft.traces.count_hops",
+        line_of_text(&text, "count_hops: true"),
+    );
+    assert!(
+        error(&text).contains("short_search: true"),
+        "{}",
+        error(&text)
+    );
+    let counted = text.replacen(
+        "count_hops: true",
+        "short_search: true, count_hops: true",
+        1,
+    );
+    let plan = Plan::from_text(&counted, "tiny.ron").unwrap();
+    assert!(plan.sft.is_some_and(|s| s.traces.count_hops));
+}
+
+#[test]
 fn multi_hop_detours_need_six_turns() {
     let text = tiny()
         .replacen(

@@ -98,6 +98,9 @@ pub struct Style {
     /// sentence in which the current courier hands the parcel on.
     #[serde(default)]
     pub short_search: bool,
+    /// Multi-hop tasks with `short_search`: each hop's code opens with `# hop K of N`.
+    #[serde(default)]
+    pub count_hops: bool,
     /// A wasted first turn, if any.
     pub detour: Option<Detour>,
     /// No sentences anywhere ([`Style::without_prose`]): the wasted `llm()` call's prompt is
@@ -117,6 +120,7 @@ impl Style {
             python_fence: false,
             windows: false,
             short_search: false,
+            count_hops: false,
             detour: None,
             bare: false,
         }
@@ -169,6 +173,7 @@ impl Style {
             python_fence: rng.random_bool(0.3),
             windows: family == Family::Needle && rng.random_bool(0.5),
             short_search: short_search && matches!(family, Family::Needle | Family::MultiHop),
+            count_hops: false,
             // A short multi-hop trace already takes up to five turns (four hops and the
             // answer), so it wastes one only where the recipe gives it a sixth.
             detour: detour
@@ -252,15 +257,21 @@ impl VariedExpert {
 
     /// One hop of the short multi-hop strategy: the sentence in which `courier` hands the
     /// parcel on. The three ways a hop is stated all put `courier <name>` right before `hands`,
-    /// `go` or `carries` when `<name>` gives, and never when it receives.
-    fn hop_short(&self, courier: &str, first: bool) -> String {
-        let preface = if first {
+    /// `go` or `carries` when `<name>` gives, and never when it receives. With
+    /// [`Style::count_hops`] the code opens with `# hop {hop} of {hops}`.
+    fn hop_short(&self, courier: &str, hop: usize, hops: usize) -> String {
+        let preface = if hop == 1 {
             OPENERS[self.style.opener]
         } else {
             FOLLOW_UPS[self.style.follow_up]
         };
+        let counter = if self.style.count_hops {
+            format!("# hop {hop} of {hops}\n")
+        } else {
+            String::new()
+        };
         let code = format!(
-            "import re\nprint(re.findall(r\"[^.\\n]*courier {c} (?:hands|go|carries)[^.\\n]*\", context, re.I))",
+            "{counter}import re\nprint(re.findall(r\"[^.\\n]*courier {c} (?:hands|go|carries)[^.\\n]*\", context, re.I))",
             c = re_escape(courier)
         );
         self.fence(preface, &code)
@@ -287,7 +298,7 @@ impl VariedExpert {
         }
         let searched = view.iter().filter(|m| m.role == Role::Assistant).count();
         Ok(if searched < hops {
-            self.hop_short(&holder, searched == 0)
+            self.hop_short(&holder, searched + 1, hops)
         } else {
             ANSWERS[self.style.answer % ANSWERS.len()].replace("{}", &holder)
         })
@@ -459,6 +470,33 @@ mod tests {
         assert!(searched(&mut view, "[]").is_err());
         let error = expert.multihop_short("RAVEN-71", 3, &view).unwrap_err();
         assert!(error.0.contains("QUARTZ-79"), "{error}");
+    }
+
+    #[test]
+    fn counted_hops_open_each_search_with_its_number() {
+        let expert = VariedExpert {
+            style: Style {
+                short_search: true,
+                count_hops: true,
+                ..Style::plain().without_prose()
+            },
+        };
+        let view = [
+            Message {
+                role: Role::System,
+                content: "system".into(),
+            },
+            Message {
+                role: Role::User,
+                content:
+                    "Question: A parcel starts with courier RAVEN-71 and is handed on 3 times."
+                        .into(),
+            },
+        ];
+        assert_eq!(
+            expert.multihop_short("RAVEN-71", 3, &view).unwrap(),
+            "```repl\n# hop 1 of 3\nimport re\nprint(re.findall(r\"[^.\\n]*courier RAVEN-71 (?:hands|go|carries)[^.\\n]*\", context, re.I))\n```"
+        );
     }
 
     #[test]
