@@ -51,9 +51,9 @@ pub struct TraceSettings {
     pub multi_hop_detours: bool,
     /// With `short_search`, each hop's search in a multi-hop trace opens with the comment
     /// `# hop K of N` (N from the question), so the decision to search again or answer is a
-    /// comparison of two numbers the model has just written, not a count of its own turns
-    /// (without it, a small model learns one number of searches for every chain). Optional;
-    /// `false` when absent.
+    /// comparison of two numbers the model has just written, not a count of its own turns.
+    /// On SmolLM2-135M it did not make the model count: it still learned one number of
+    /// searches for every chain (docs/trainer.md). Optional; `false` when absent.
     #[serde(default)]
     pub count_hops: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer
