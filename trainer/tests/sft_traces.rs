@@ -270,7 +270,8 @@ fn short_multihop_traces(count_hops: bool) {
             );
             // Each search after the first names a courier that only the previous output named.
             if i > 0 {
-                let observation = &t.messages[2 + 2 * i].content;
+                // messages: system, question, then each search and its output in turn.
+                let observation = &t.messages[1 + 2 * i].content;
                 let courier = search.content.split("courier ").nth(1).unwrap();
                 let courier = courier.split(' ').next().unwrap();
                 assert!(observation.contains(courier), "{courier}: {observation}");
