@@ -279,10 +279,9 @@ fn bad_values_are_named_with_their_line() {
 
 #[test]
 fn counted_hops_need_short_searches() {
-    let text = tiny().replacen(
+    let text = edited(
         "wasteful_fraction: 0.25)",
         "wasteful_fraction: 0.25, count_hops: true)",
-        1,
     );
     assert_names(
         &error(&text),
