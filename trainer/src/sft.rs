@@ -56,6 +56,12 @@ pub struct TraceSettings {
     /// searches for every chain (docs/trainer.md). Optional; `false` when absent.
     #[serde(default)]
     pub count_hops: bool,
+    /// With `short_search`, every turn of a multi-hop trace, the answer's included, opens with
+    /// the line `Hops followed: K of N.` (K the searches so far, N from the question): the
+    /// model writes the count, one more than its previous turn's, before it chooses between
+    /// searching again and answering. Optional; `false` when absent.
+    #[serde(default)]
+    pub tally_hops: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer
     /// forms). With `false`, every assistant turn is a bare code block or a bare
     /// `<answer>…</answer>`, so a small model's first token is `` ``` `` or `<answer>` rather
@@ -89,6 +95,13 @@ impl TraceSettings {
             return Err((
                 "count_hops",
                 "numbers the searches of short multi-hop traces, so it needs short_search: true"
+                    .into(),
+            ));
+        }
+        if self.tally_hops && !self.short_search {
+            return Err((
+                "tally_hops",
+                "counts the searches of short multi-hop traces, so it needs short_search: true"
                     .into(),
             ));
         }
@@ -169,6 +182,7 @@ pub fn trace_style(seed: u64, index: u64, family: Family, settings: &TraceSettin
     );
     let style = Style {
         count_hops: style.short_search && settings.count_hops && family == Family::MultiHop,
+        tally_hops: style.short_search && settings.tally_hops && family == Family::MultiHop,
         ..style
     };
     if settings.prose {

@@ -48,6 +48,7 @@ fn expert_traces_vary_waste_on_purpose_and_stay_correct() {
         prose: true,
         multi_hop_detours: false,
         count_hops: false,
+        tally_hops: false,
         llm_share: 0.5,
     };
     let rewards = Composite::default();
@@ -160,6 +161,7 @@ fn bare_needle_traces(
         prose: false,
         multi_hop_detours: false,
         count_hops: false,
+        tally_hops: false,
         llm_share,
     };
     let mut env = env();
@@ -208,13 +210,15 @@ fn short_search_traces_stay_correct() {
 /// per hop, each naming the courier the previous output handed the parcel to, then the
 /// answer: correct through the real environment, and never a wasted turn (four hops and the
 /// answer fill the default's five turns). With `count_hops`, each search opens with
-/// `# hop K of N`, K counting the searches and N the chain's hops.
+/// `# hop K of N`, K counting the searches and N the chain's hops. With `tally_hops`, every
+/// turn opens with `Hops followed: K of N.`, K the searches before it.
 fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
-    short_multihop_traces(false);
-    short_multihop_traces(true);
+    short_multihop_traces(false, false);
+    short_multihop_traces(true, false);
+    short_multihop_traces(false, true);
 }
 
-fn short_multihop_traces(count_hops: bool) {
+fn short_multihop_traces(count_hops: bool, tally_hops: bool) {
     let config = TaskConfig {
         context_window: 512,
         min_doc_tokens: 1024,
@@ -232,6 +236,7 @@ fn short_multihop_traces(count_hops: bool) {
         prose: false,
         multi_hop_detours: false,
         count_hops,
+        tally_hops,
         llm_share: 1.0,
     };
     let mut env = env();
@@ -246,7 +251,14 @@ fn short_multihop_traces(count_hops: bool) {
             .filter(|m| m.role == Role::Assistant)
             .collect();
         let (answer, searches) = assistant.split_last().unwrap();
-        assert!(answer.content.starts_with("<answer>"), "{}", answer.content);
+        // Each turn without its tally line, which must be there exactly with `tally_hops`.
+        let untallied = |content: &str, done: usize| -> String {
+            let tally = format!("Hops followed: {done} of {}.\n", searches.len());
+            assert_eq!(content.starts_with(&tally), tally_hops, "{content}");
+            content.strip_prefix(&tally).unwrap_or(content).to_string()
+        };
+        let answer = untallied(&answer.content, searches.len());
+        assert!(answer.starts_with("<answer>"), "{answer}");
         assert!(
             (2..=4).contains(&searches.len()),
             "{}: {:#?}",
@@ -255,24 +267,18 @@ fn short_multihop_traces(count_hops: bool) {
         );
         hop_counts.insert(searches.len());
         for (i, search) in searches.iter().enumerate() {
+            let code = untallied(&search.content, i);
             assert!(
-                search.content.starts_with("```")
-                    && search.content.lines().count() == 4 + usize::from(count_hops),
-                "{}",
-                search.content
+                code.starts_with("```") && code.lines().count() == 4 + usize::from(count_hops),
+                "{code}"
             );
             let counter = format!("# hop {} of {}\n", i + 1, searches.len());
-            assert_eq!(
-                search.content.contains(&counter),
-                count_hops,
-                "{}",
-                search.content
-            );
+            assert_eq!(code.contains(&counter), count_hops, "{code}");
             // Each search after the first names a courier that only the previous output named.
             if i > 0 {
                 // messages: system, question, then each search and its output in turn.
                 let observation = &t.messages[1 + 2 * i].content;
-                let courier = search.content.split("courier ").nth(1).unwrap();
+                let courier = code.split("courier ").nth(1).unwrap();
                 let courier = courier.split(' ').next().unwrap();
                 assert!(observation.contains(courier), "{courier}: {observation}");
                 let question = t.messages[1].content.split("\n\n").next().unwrap();
@@ -343,6 +349,7 @@ fn multihop_detour_traces_call_once_then_search_per_hop() {
         prose: false,
         multi_hop_detours: true,
         count_hops: false,
+        tally_hops: false,
         llm_share: 1.0,
     };
     let mut env = env();

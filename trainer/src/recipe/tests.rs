@@ -303,6 +303,26 @@ fn counted_hops_need_short_searches() {
 }
 
 #[test]
+fn tallied_hops_need_short_searches() {
+    let text = edited(
+        "wasteful_fraction: 0.25)",
+        "wasteful_fraction: 0.25, tally_hops: true)",
+    );
+    assert_names(
+        &error(&text),
+        "sft.traces.tally_hops",
+        line_of_text(&text, "tally_hops: true"),
+    );
+    let tallied = text.replacen(
+        "tally_hops: true",
+        "short_search: true, tally_hops: true",
+        1,
+    );
+    let plan = Plan::from_text(&tallied, "tiny.ron").unwrap();
+    assert!(plan.sft.is_some_and(|s| s.traces.tally_hops));
+}
+
+#[test]
 fn multi_hop_detours_need_six_turns() {
     let text = tiny()
         .replacen(

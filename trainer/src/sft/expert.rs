@@ -101,6 +101,11 @@ pub struct Style {
     /// Multi-hop tasks with `short_search`: each hop's code opens with `# hop K of N`.
     #[serde(default)]
     pub count_hops: bool,
+    /// Multi-hop tasks with `short_search`: every turn, the answer's included, opens with the
+    /// line `Hops followed: K of N.` (K the searches made so far, N the chain's hops), written
+    /// before the choice between searching again and answering.
+    #[serde(default)]
+    pub tally_hops: bool,
     /// A wasted first turn, if any.
     pub detour: Option<Detour>,
     /// No sentences anywhere ([`Style::without_prose`]): the wasted `llm()` call's prompt is
@@ -121,6 +126,7 @@ impl Style {
             windows: false,
             short_search: false,
             count_hops: false,
+            tally_hops: false,
             detour: None,
             bare: false,
         }
@@ -174,6 +180,7 @@ impl Style {
             windows: family == Family::Needle && rng.random_bool(0.5),
             short_search: short_search && matches!(family, Family::Needle | Family::MultiHop),
             count_hops: false,
+            tally_hops: false,
             // A short multi-hop trace already takes up to five turns (four hops and the
             // answer), so it wastes one only where the recipe gives it a sixth.
             detour: detour
@@ -265,6 +272,7 @@ impl VariedExpert {
         } else {
             FOLLOW_UPS[self.style.follow_up]
         };
+        let preface = self.tallied(hop - 1, hops, preface);
         let counter = if self.style.count_hops {
             format!("# hop {hop} of {hops}\n")
         } else {
@@ -274,7 +282,17 @@ impl VariedExpert {
             "{counter}import re\nprint(re.findall(r\"[^.\\n]*courier {c} (?:hands|go|carries)[^.\\n]*\", context, re.I))",
             c = re_escape(courier)
         );
-        self.fence(preface, &code)
+        self.fence(&preface, &code)
+    }
+
+    /// `text` after the line `Hops followed: {done} of {hops}.` where [`Style::tally_hops`]
+    /// asks for it; `text` as it is otherwise.
+    fn tallied(&self, done: usize, hops: usize, text: &str) -> String {
+        match (self.style.tally_hops, text.is_empty()) {
+            (false, _) => text.to_string(),
+            (true, true) => format!("Hops followed: {done} of {hops}."),
+            (true, false) => format!("Hops followed: {done} of {hops}.\n{text}"),
+        }
     }
 
     /// The short multi-hop strategy: search for the courier holding the parcel, read the
@@ -300,7 +318,8 @@ impl VariedExpert {
         Ok(if searched < hops {
             self.hop_short(&holder, searched + 1, hops)
         } else {
-            ANSWERS[self.style.answer % ANSWERS.len()].replace("{}", &holder)
+            let answer = ANSWERS[self.style.answer % ANSWERS.len()].replace("{}", &holder);
+            self.tallied(hops, hops, &answer)
         })
     }
 
@@ -497,6 +516,55 @@ mod tests {
             expert.multihop_short("RAVEN-71", 3, &view).unwrap(),
             "```repl\n# hop 1 of 3\nimport re\nprint(re.findall(r\"[^.\\n]*courier RAVEN-71 (?:hands|go|carries)[^.\\n]*\", context, re.I))\n```"
         );
+    }
+
+    #[test]
+    fn tallied_hops_open_every_turn_with_the_hops_followed() {
+        let expert = VariedExpert {
+            style: Style {
+                short_search: true,
+                tally_hops: true,
+                ..Style::plain().without_prose()
+            },
+        };
+        let mut view = vec![
+            Message {
+                role: Role::System,
+                content: "system".into(),
+            },
+            Message {
+                role: Role::User,
+                content:
+                    "Question: A parcel starts with courier RAVEN-71 and is handed on 2 times."
+                        .into(),
+            },
+        ];
+        let first = expert.multihop_short("RAVEN-71", 2, &view).unwrap();
+        assert!(
+            first.starts_with("Hops followed: 0 of 2.\n```repl\nimport re\n"),
+            "{first}"
+        );
+        for (observation, tally) in [
+            (
+                "['Courier RAVEN-71 hands every parcel to courier OSPREY-36']",
+                "Hops followed: 1 of 2.\n```repl\n",
+            ),
+            (
+                "['Parcels carried by courier OSPREY-36 go next to courier QUARTZ-79']",
+                "Hops followed: 2 of 2.\n<answer>QUARTZ-79</answer>",
+            ),
+        ] {
+            view.push(Message {
+                role: Role::Assistant,
+                content: "```repl\nsearch\n```".into(),
+            });
+            view.push(Message {
+                role: Role::User,
+                content: observation.into(),
+            });
+            let reply = expert.multihop_short("RAVEN-71", 2, &view).unwrap();
+            assert!(reply.starts_with(tally), "{reply}");
+        }
     }
 
     #[test]
