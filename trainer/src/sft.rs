@@ -57,9 +57,10 @@ pub struct TraceSettings {
     #[serde(default)]
     pub count_hops: bool,
     /// With `short_search`, every turn of a multi-hop trace, the answer's included, opens with
-    /// the line `Hops followed: K of N.` (K the searches so far, N from the question): the
-    /// model writes the count, one more than its previous turn's, before it chooses between
-    /// searching again and answering. Optional; `false` when absent.
+    /// the line `Hops left: R.` (the question's number of hops less the searches so far): the
+    /// model writes the count, one less than its previous turn's, before it chooses between
+    /// searching again and answering, and answers after `Hops left: 0.` Optional; `false`
+    /// when absent.
     #[serde(default)]
     pub tally_hops: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer

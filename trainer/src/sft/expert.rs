@@ -102,8 +102,8 @@ pub struct Style {
     #[serde(default)]
     pub count_hops: bool,
     /// Multi-hop tasks with `short_search`: every turn, the answer's included, opens with the
-    /// line `Hops followed: K of N.` (K the searches made so far, N the chain's hops), written
-    /// before the choice between searching again and answering.
+    /// line `Hops left: R.` (R the chain's hops less the searches made so far), written before
+    /// the choice between searching again and answering: the answer follows `Hops left: 0.`
     #[serde(default)]
     pub tally_hops: bool,
     /// A wasted first turn, if any.
@@ -285,13 +285,13 @@ impl VariedExpert {
         self.fence(&preface, &code)
     }
 
-    /// `text` after the line `Hops followed: {done} of {hops}.` where [`Style::tally_hops`]
-    /// asks for it; `text` as it is otherwise.
+    /// `text` after the line `Hops left: {hops - done}.` where [`Style::tally_hops`] asks for
+    /// it; `text` as it is otherwise.
     fn tallied(&self, done: usize, hops: usize, text: &str) -> String {
         match (self.style.tally_hops, text.is_empty()) {
             (false, _) => text.to_string(),
-            (true, true) => format!("Hops followed: {done} of {hops}."),
-            (true, false) => format!("Hops followed: {done} of {hops}.\n{text}"),
+            (true, true) => format!("Hops left: {}.", hops - done),
+            (true, false) => format!("Hops left: {}.\n{text}", hops - done),
         }
     }
 
@@ -519,7 +519,7 @@ mod tests {
     }
 
     #[test]
-    fn tallied_hops_open_every_turn_with_the_hops_followed() {
+    fn tallied_hops_open_every_turn_with_the_hops_left() {
         let expert = VariedExpert {
             style: Style {
                 short_search: true,
@@ -541,17 +541,17 @@ mod tests {
         ];
         let first = expert.multihop_short("RAVEN-71", 2, &view).unwrap();
         assert!(
-            first.starts_with("Hops followed: 0 of 2.\n```repl\nimport re\n"),
+            first.starts_with("Hops left: 2.\n```repl\nimport re\n"),
             "{first}"
         );
         for (observation, tally) in [
             (
                 "['Courier RAVEN-71 hands every parcel to courier OSPREY-36']",
-                "Hops followed: 1 of 2.\n```repl\n",
+                "Hops left: 1.\n```repl\n",
             ),
             (
                 "['Parcels carried by courier OSPREY-36 go next to courier QUARTZ-79']",
-                "Hops followed: 2 of 2.\n<answer>QUARTZ-79</answer>",
+                "Hops left: 0.\n<answer>QUARTZ-79</answer>",
             ),
         ] {
             view.push(Message {
