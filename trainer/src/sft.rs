@@ -59,8 +59,9 @@ pub struct TraceSettings {
     /// With `short_search`, every turn of a multi-hop trace, the answer's included, opens with
     /// the line `Hops left: R.` (the question's number of hops less the searches so far): the
     /// model writes the count, one less than its previous turn's, before it chooses between
-    /// searching again and answering, and answers after `Hops left: 0.` Optional; `false`
-    /// when absent.
+    /// searching again and answering, and answers after `Hops left: 0.` On SmolLM2-135M (one
+    /// seed) the SFT model counted up from 1 instead and never answered a three-hop chain
+    /// (docs/trainer.md). Optional; `false` when absent.
     #[serde(default)]
     pub tally_hops: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer
