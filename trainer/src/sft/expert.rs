@@ -433,6 +433,26 @@ impl Policy for VariedExpert {
 mod tests {
     use super::*;
 
+    fn message(role: Role, content: &str) -> Message {
+        Message {
+            role,
+            content: content.to_string(),
+        }
+    }
+
+    /// A system message and the question of a chain from RAVEN-71 with `hops` hand-overs.
+    fn chain_view(hops: usize) -> Vec<Message> {
+        vec![
+            message(Role::System, "system"),
+            message(
+                Role::User,
+                &format!(
+                    "Question: A parcel starts with courier RAVEN-71 and is handed on {hops} times."
+                ),
+            ),
+        ]
+    }
+
     #[test]
     fn short_search_is_two_lines_with_the_key_escaped() {
         let expert = VariedExpert {
@@ -455,17 +475,7 @@ mod tests {
                 ..Style::plain().without_prose()
             },
         };
-        let message = |role, content: &str| Message {
-            role,
-            content: content.to_string(),
-        };
-        let mut view = vec![
-            message(Role::System, "system"),
-            message(
-                Role::User,
-                "Question: A parcel starts with courier RAVEN-71 and is handed on 2 times.",
-            ),
-        ];
+        let mut view = chain_view(2);
         assert_eq!(
             expert.multihop_short("RAVEN-71", 2, &view).unwrap(),
             "```repl\nimport re\nprint(re.findall(r\"[^.\\n]*courier RAVEN-71 (?:hands|go|carries)[^.\\n]*\", context, re.I))\n```"
@@ -500,18 +510,7 @@ mod tests {
                 ..Style::plain().without_prose()
             },
         };
-        let view = [
-            Message {
-                role: Role::System,
-                content: "system".into(),
-            },
-            Message {
-                role: Role::User,
-                content:
-                    "Question: A parcel starts with courier RAVEN-71 and is handed on 3 times."
-                        .into(),
-            },
-        ];
+        let view = chain_view(3);
         assert_eq!(
             expert.multihop_short("RAVEN-71", 3, &view).unwrap(),
             "```repl\n# hop 1 of 3\nimport re\nprint(re.findall(r\"[^.\\n]*courier RAVEN-71 (?:hands|go|carries)[^.\\n]*\", context, re.I))\n```"
@@ -527,18 +526,7 @@ mod tests {
                 ..Style::plain().without_prose()
             },
         };
-        let mut view = vec![
-            Message {
-                role: Role::System,
-                content: "system".into(),
-            },
-            Message {
-                role: Role::User,
-                content:
-                    "Question: A parcel starts with courier RAVEN-71 and is handed on 2 times."
-                        .into(),
-            },
-        ];
+        let mut view = chain_view(2);
         let first = expert.multihop_short("RAVEN-71", 2, &view).unwrap();
         assert!(
             first.starts_with("Hops left: 2.\n```repl\nimport re\n"),
@@ -554,14 +542,8 @@ mod tests {
                 "Hops left: 0.\n<answer>QUARTZ-79</answer>",
             ),
         ] {
-            view.push(Message {
-                role: Role::Assistant,
-                content: "```repl\nsearch\n```".into(),
-            });
-            view.push(Message {
-                role: Role::User,
-                content: observation.into(),
-            });
+            view.push(message(Role::Assistant, "```repl\nsearch\n```"));
+            view.push(message(Role::User, observation));
             let reply = expert.multihop_short("RAVEN-71", 2, &view).unwrap();
             assert!(reply.starts_with(tally), "{reply}");
         }
