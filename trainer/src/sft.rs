@@ -57,11 +57,13 @@ pub struct TraceSettings {
     #[serde(default)]
     pub count_hops: bool,
     /// With `short_search`, every turn of a multi-hop trace, the answer's included, opens with
-    /// the line `Hops left: R.` (the question's number of hops less the searches so far): the
-    /// model writes the count, one less than its previous turn's, before it chooses between
-    /// searching again and answering, and answers after `Hops left: 0.` On SmolLM2-135M (one
-    /// seed) the SFT model counted up from 1 instead and never answered a three-hop chain
-    /// (docs/trainer.md). Optional; `false` when absent.
+    /// the line `Handed on N times, hops left: R.` (N in the question's own words, R the hops
+    /// less the searches so far): the model copies N and writes the count, one less than its
+    /// previous turn's, before it chooses between searching again and answering, and answers
+    /// after `hops left: 0.` On SmolLM2-135M with LoRA the SFT model did not count (one seed
+    /// each for two earlier forms of the line); with `tuning: Full` and this form it stopped
+    /// at the question's number on two- and three-hop chains (one seed; docs/trainer.md).
+    /// Optional; `false` when absent.
     #[serde(default)]
     pub tally_hops: bool,
     /// Sentences around the code and the answer (several openers, follow-ups and answer

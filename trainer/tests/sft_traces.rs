@@ -211,7 +211,7 @@ fn short_search_traces_stay_correct() {
 /// answer: correct through the real environment, and never a wasted turn (four hops and the
 /// answer fill the default's five turns). With `count_hops`, each search opens with
 /// `# hop K of N`, K counting the searches and N the chain's hops. With `tally_hops`, every
-/// turn opens with `Hops left: R.`, R the hops less the searches before it.
+/// turn opens with `Handed on N times, hops left: R.`, R the hops less the searches before it.
 fn short_multihop_traces_search_once_per_hop_and_stay_correct() {
     short_multihop_traces(false, false);
     short_multihop_traces(true, false);
@@ -253,7 +253,8 @@ fn short_multihop_traces(count_hops: bool, tally_hops: bool) {
         let (answer, searches) = assistant.split_last().unwrap();
         // Each turn without its tally line, which must be there exactly with `tally_hops`.
         let untallied = |content: &str, done: usize| -> String {
-            let tally = format!("Hops left: {}.\n", searches.len() - done);
+            let n = searches.len();
+            let tally = format!("Handed on {n} times, hops left: {}.\n", n - done);
             assert_eq!(content.starts_with(&tally), tally_hops, "{content}");
             content.strip_prefix(&tally).unwrap_or(content).to_string()
         };

@@ -102,8 +102,9 @@ pub struct Style {
     #[serde(default)]
     pub count_hops: bool,
     /// Multi-hop tasks with `short_search`: every turn, the answer's included, opens with the
-    /// line `Hops left: R.` (R the chain's hops less the searches made so far), written before
-    /// the choice between searching again and answering: the answer follows `Hops left: 0.`
+    /// line `Handed on N times, hops left: R.` (N the chain's hops, copied from the question's
+    /// own words, R those less the searches made so far), written before the choice between
+    /// searching again and answering: the answer follows `hops left: 0.`
     #[serde(default)]
     pub tally_hops: bool,
     /// A wasted first turn, if any.
@@ -285,13 +286,16 @@ impl VariedExpert {
         self.fence(&preface, &code)
     }
 
-    /// `text` after the line `Hops left: {hops - done}.` where [`Style::tally_hops`] asks for
-    /// it; `text` as it is otherwise.
+    /// `text` after the line `Handed on {hops} times, hops left: {hops - done}.` where
+    /// [`Style::tally_hops`] asks for it; `text` as it is otherwise.
     fn tallied(&self, done: usize, hops: usize, text: &str) -> String {
         match (self.style.tally_hops, text.is_empty()) {
             (false, _) => text.to_string(),
-            (true, true) => format!("Hops left: {}.", hops - done),
-            (true, false) => format!("Hops left: {}.\n{text}", hops - done),
+            (true, true) => format!("Handed on {hops} times, hops left: {}.", hops - done),
+            (true, false) => format!(
+                "Handed on {hops} times, hops left: {}.\n{text}",
+                hops - done
+            ),
         }
     }
 
@@ -529,17 +533,17 @@ mod tests {
         let mut view = chain_view(2);
         let first = expert.multihop_short("RAVEN-71", 2, &view).unwrap();
         assert!(
-            first.starts_with("Hops left: 2.\n```repl\nimport re\n"),
+            first.starts_with("Handed on 2 times, hops left: 2.\n```repl\nimport re\n"),
             "{first}"
         );
         for (observation, tally) in [
             (
                 "['Courier RAVEN-71 hands every parcel to courier OSPREY-36']",
-                "Hops left: 1.\n```repl\n",
+                "Handed on 2 times, hops left: 1.\n```repl\n",
             ),
             (
                 "['Parcels carried by courier OSPREY-36 go next to courier QUARTZ-79']",
-                "Hops left: 0.\n<answer>QUARTZ-79</answer>",
+                "Handed on 2 times, hops left: 0.\n<answer>QUARTZ-79</answer>",
             ),
         ] {
             view.push(message(Role::Assistant, "```repl\nsearch\n```"));
